@@ -1,0 +1,3 @@
+from onceq.cli import main
+
+main()

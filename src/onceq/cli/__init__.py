@@ -1,0 +1,62 @@
+"""The `onceq` command: parse, call the library, print, map errors to exit codes.
+
+Heavy modules (rich, aio-pika, httpx, aiohttp) are imported inside the commands
+that need them, so `onceq dirq lag` and `--help` start in a few tens of ms.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from onceq.errors import OnceqError, redact_text
+
+EPILOG = (
+    "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found,"
+    " 4 conflict, 5 bad message, 6 unroutable, 7 broker unavailable, 8 ledger error,"
+    " 130 interrupted."
+)
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="onceq")
+def app() -> None:
+    """Consume messages effectively once: at-least-once delivery + a dedup ledger.
+
+    \b
+    Example:
+      onceq demo                       # the built-in sample through a directory queue
+      onceq dirq consume ./q           # consume a queue folder into ./q/ledger.db
+      onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30
+    """
+
+
+def _register() -> None:
+    from onceq.cli import demo, dirq, lab, mq
+
+    app.add_command(demo.demo)
+    app.add_command(dirq.dirq)
+    app.add_command(mq.mq)
+    app.add_command(mq.partner)
+    app.add_command(lab.lab)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI and turn our errors into one line and an exit code."""
+    _register()
+    try:
+        code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.stderr.write("onceq: interrupted\n")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except OnceqError as exc:
+        sys.stderr.write(f"onceq: {redact_text(str(exc))}\n")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("onceq: interrupted\n")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,230 @@
+"""The one consume loop: receive → decode → ledger → handler → decide → record → settle.
+
+Both transports run through `Consumer.run`. The ordering below is the whole
+reliability argument, so it lives in one place:
+
+1. A delivery is decoded; a message that cannot be decoded is rejected at once
+   (retrying a parse error fails the same way and blocks the queue behind it).
+2. If the ledger already holds its msg_id, it is a duplicate: no handler call.
+3. At most one copy of a msg_id is in flight: a second copy waits for the first to
+   be recorded and settled, then finds it in the ledger (so a partner is never
+   called twice at once for one message).
+4. The handler's outcome becomes a settle decision (`transport.decide`).
+5. The committer writes a group of outcomes in one durable transaction, and only
+   then asks the transport to settle that group. A crash before the commit leaves
+   every copy unsettled (it comes back and runs again, the primary key refusing a
+   second effect); a crash after the commit and before the settle leaves copies
+   that the ledger recognises.
+
+Grouping is the only speed trick: many outcomes share one commit (one fsync) and
+one settle, but no settle ever precedes the commit of its own record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceq.ledger import Entry, Ledger
+from onceq.transport import Delivery, Kind, Settle, Transport, decide
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What decoding or handling one message came to."""
+
+    kind: Kind
+    reason: str = ""
+    detail: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+# A decoder reads a delivery, sets `delivery.msg_id`, and returns the fields to record
+# (Outcome SUCCESS) or the reason it can never be processed (Outcome REJECTED).
+Decoder = Callable[[Delivery], Outcome]
+# A handler performs the business effect of a decoded message (an HTTP call), or does
+# nothing when the ledger row is the effect (the directory queue).
+Handler = Callable[[Delivery, dict[str, Any]], Awaitable[Outcome]]
+
+
+async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
+    """Handler for queues whose effect is the ledger row itself."""
+    return Outcome(Kind.SUCCESS, fields=fields)
+
+
+@dataclass
+class Stats:
+    """What one run did, by final outcome."""
+
+    received: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    recovered: int = 0  # committed by a crashed run; only the settle was redone
+    requeued: int = 0
+    dead: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def add(self, e: Entry) -> None:
+        if e.recovered:
+            self.recovered += 1
+        elif e.kind is Kind.SUCCESS:
+            self.processed += 1
+        elif e.kind is Kind.DUPLICATE:
+            self.duplicates += 1
+        elif e.settle is Settle.REQUEUE:
+            self.requeued += 1
+            self.reasons[e.reason] += 1
+        else:
+            self.dead += 1
+            self.reasons[e.reason] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "processed": self.processed,
+            "duplicates": self.duplicates,
+            "recovered": self.recovered,
+            "requeued": self.requeued,
+            "dead": self.dead,
+            "reasons": dict(sorted(self.reasons.items())),
+        }
+
+
+_STOP = object()
+
+
+class Consumer:
+    """Runs `transport` into `ledger` until the transport has no more deliveries.
+
+    `max_in_flight` bounds deliveries being handled at once (for a broker, the
+    prefetch: the broker bounds it too); `max_group` bounds one commit.
+    `on_settled` is called with each settled group (progress display).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        ledger: Ledger,
+        decode: Decoder,
+        handler: Handler = no_effect,
+        *,
+        max_in_flight: int = 256,
+        max_group: int = 512,
+        max_attempts: int = 2,
+        on_settled: Callable[[Sequence[Entry]], None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.ledger = ledger
+        self.decode = decode
+        self.handler = handler
+        self.max_group = max_group
+        self.max_attempts = max_attempts
+        self.on_settled = on_settled
+        self.stats = Stats()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._pending: asyncio.Queue[Any] = asyncio.Queue()
+        self._in_flight: dict[str, asyncio.Event] = {}
+
+    async def run(self) -> Stats:
+        committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for delivery in self.transport.deliveries():
+                await self._slots.acquire()
+                if committer.done():  # the ledger failed: stop taking work
+                    self._slots.release()
+                    break
+                self.stats.received += 1
+                t = asyncio.create_task(self._handle(delivery))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            # Wait for the handlers, but wake at once if the committer dies (ledger error).
+            while tasks:
+                done, _ = await asyncio.wait(
+                    [*tasks, committer], return_when=asyncio.FIRST_COMPLETED
+                )
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+            self._pending.put_nowait(_STOP)
+            await committer
+        finally:
+            for t in (*tasks, committer):
+                t.cancel()
+        return self.stats
+
+    async def _handle(self, d: Delivery) -> None:
+        guard: asyncio.Event | None = None
+        try:
+            decoded = self.decode(d)
+            if decoded.kind is Kind.SUCCESS:
+                assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
+                guard = await self._take_turn(d.msg_id)
+                outcome = await self._effect(d, decoded)
+            else:
+                outcome = decoded
+            done = asyncio.Event()
+            await self._pending.put((self._entry(d, outcome), done))
+            await done.wait()
+        finally:
+            if guard is not None:
+                del self._in_flight[d.msg_id]  # type: ignore[arg-type]
+                guard.set()
+            self._slots.release()
+
+    async def _take_turn(self, msg_id: str) -> asyncio.Event:
+        """One copy of a msg_id in flight at a time; later copies wait for it to settle."""
+        while (ev := self._in_flight.get(msg_id)) is not None:
+            await ev.wait()
+        guard = asyncio.Event()
+        self._in_flight[msg_id] = guard
+        return guard
+
+    async def _effect(self, d: Delivery, decoded: Outcome) -> Outcome:
+        assert d.msg_id is not None
+        if self.ledger.processed_ref(d.msg_id) is not None:
+            return Outcome(Kind.DUPLICATE, fields=decoded.fields)
+        try:
+            return await self.handler(d, decoded.fields)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a handler must not take the message with it
+            log.exception("handler failed on %s", d.ref)
+            return Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
+
+    def _entry(self, d: Delivery, o: Outcome) -> Entry:
+        attempt = 1
+        if o.kind in (Kind.REJECTED, Kind.TRANSIENT) and d.msg_id is not None:
+            attempt = self.ledger.failed_attempts(d.msg_id) + 1
+        settle = decide(o.kind, d.redelivered, attempt, self.max_attempts)
+        return Entry(d, o.kind, settle, o.reason, o.detail, attempt, o.fields)
+
+    async def _commit_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = await self._pending.get()
+            if first is _STOP:
+                return
+            jobs: list[tuple[Entry, asyncio.Event]] = [first]
+            while len(jobs) < self.max_group and not self._pending.empty():
+                item = self._pending.get_nowait()
+                if item is _STOP:
+                    stopping = True
+                    break
+                jobs.append(item)
+            group = [e for e, _ in jobs]
+            # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
+            await asyncio.to_thread(self.ledger.commit, group)
+            # Settle only now: the records are durable.
+            await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
+            for e, done in jobs:
+                self.stats.add(e)
+                done.set()
+            if self.on_settled is not None:
+                self.on_settled(group)

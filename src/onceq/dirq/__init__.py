@@ -1,0 +1,1 @@
+"""The directory queue transport: a queue that is a folder."""

@@ -1,0 +1,1 @@
+"""The order check: repeated and missing sequence numbers per order_no."""

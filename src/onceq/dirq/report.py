@@ -1,0 +1,1 @@
+"""dup.txt and error.csv, written from durable state (the ledger and error/)."""

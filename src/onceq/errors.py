@@ -1,0 +1,96 @@
+"""One exception tree for everything onceq reports.
+
+    OnceqError                      exit code
+    ├── UsageError                  2   a user's argument is wrong (bad path, bad number)
+    ├── NotFound                    3   a named file, queue or object does not exist
+    ├── Conflict                    4   the target exists already, or the broker holds it
+    │                                   with other attributes (406 PRECONDITION_FAILED)
+    ├── BadMessage                  5   a message file cannot be published (unreadable,
+    │                                   not JSON, no id)
+    ├── Unroutable                  6   the broker returned or nacked a published message
+    ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
+    └── LedgerError                 8   the ledger database cannot be opened or written
+
+Third-party exceptions (aiormq/aio-pika, httpx, sqlite3, OSError) are translated into
+this tree at one boundary per library; the CLI maps the tree to exit codes and prints
+the message as one line. A message never contains a URL password: use
+`redact_url` before putting a URL in any text.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+
+class OnceqError(Exception):
+    """Base of every error onceq raises on purpose; `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UsageError(OnceqError):
+    exit_code = 2
+
+
+class NotFound(OnceqError):
+    exit_code = 3
+
+
+class Conflict(OnceqError):
+    exit_code = 4
+
+
+class BadMessage(OnceqError):
+    exit_code = 5
+
+
+class Unroutable(OnceqError):
+    exit_code = 6
+
+
+class BrokerUnavailable(OnceqError):
+    exit_code = 7
+
+
+class LedgerError(OnceqError):
+    exit_code = 8
+
+
+EXIT_CODES: dict[str, int] = {
+    cls.__name__: cls.exit_code
+    for cls in (
+        UsageError,
+        NotFound,
+        Conflict,
+        BadMessage,
+        Unroutable,
+        BrokerUnavailable,
+        LedgerError,
+    )
+}
+
+
+def redact_url(url: str) -> str:
+    """Return `url` with any password replaced by `***` (user names are kept)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@")
+
+
+def redact_text(text: str) -> str:
+    """Mask the password of every URL inside free text (the last line of defence)."""
+    return _URL_PASSWORD.sub(r"\g<head>***@", text)

@@ -1,0 +1,287 @@
+"""The idempotency ledger: SQLite, one row per message id that took effect.
+
+The primary key of `processed` is what makes consumption effectively once: the
+second copy of a message finds its row and is refused by the database, not by an
+`if` that two processes could both pass. Everything else recorded about a message
+(a duplicate sighting, a failure and what was done about it) is written in the
+same transaction as that row, and the transport settles (moves the file, acks the
+delivery) only after the transaction is durable.
+
+Only the consume loop writes here (plus `replay`, which records a human's action).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from onceq.errors import LedgerError, NotFound
+from onceq.transport import Delivery, Kind, Settle
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS processed (
+    msg_id       TEXT PRIMARY KEY,
+    order_no     TEXT,              -- the business key: an order number, a claimId
+    seq          INTEGER,           -- the sender's sequence number within order_no
+    amount       REAL,
+    processed_at TEXT NOT NULL,     -- UTC, ISO 8601
+    source       TEXT NOT NULL DEFAULT 'dirq',
+    ref          TEXT               -- the file name / delivery that took effect
+);
+CREATE TABLE IF NOT EXISTS duplicates (
+    msg_id  TEXT NOT NULL,
+    ref     TEXT NOT NULL,
+    seen_at TEXT NOT NULL,
+    PRIMARY KEY (msg_id, ref)       -- a recovered copy is not counted twice
+);
+CREATE TABLE IF NOT EXISTS failures (
+    id      INTEGER PRIMARY KEY,
+    msg_id  TEXT,                   -- NULL when the message never parsed
+    ref     TEXT NOT NULL,
+    source  TEXT NOT NULL,
+    reason  TEXT NOT NULL,          -- parse, missing-field, http-422, http-503, timeout …
+    detail  TEXT NOT NULL DEFAULT '',
+    attempt INTEGER NOT NULL,
+    action  TEXT NOT NULL,          -- requeue | dead
+    at      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS failures_msg ON failures(msg_id);
+CREATE INDEX IF NOT EXISTS failures_ref ON failures(ref);
+CREATE TABLE IF NOT EXISTS replays (
+    id  INTEGER PRIMARY KEY,
+    ref TEXT NOT NULL,
+    at  TEXT NOT NULL
+);
+"""
+
+BUSY_TIMEOUT_MS = 120_000
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(eq=False)
+class Entry:
+    """One delivery's outcome on its way into the ledger.
+
+    The loop fills kind/settle/reason; `commit` may turn a SUCCESS into a
+    DUPLICATE (another process won the primary key) or into REJECTED (the
+    business write failed), and says so in `kind`, `settle` and `reason`.
+    """
+
+    delivery: Delivery
+    kind: Kind
+    settle: Settle
+    reason: str = ""
+    detail: str = ""
+    attempt: int = 1
+    fields: dict[str, Any] = field(default_factory=dict)
+    recovered: bool = False  # the row already names this very copy: a crash after commit
+
+
+def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open the ledger with the settings every guarantee depends on."""
+    p = Path(path)
+    if not create and not p.exists():
+        raise NotFound(f"{p}: no ledger database here")
+    try:
+        if create:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            str(p), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
+        # WAL lets readers (lag, report, the duplicate pre-check) run beside the writer.
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: the commit is on disk before we move a file or ack a delivery.
+        # NORMAL would make a power cut able to lose a commit whose file sits in done/.
+        conn.execute("PRAGMA synchronous=FULL")
+        # Several consumers queue for the write lock instead of failing "database is locked".
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        if create:
+            conn.executescript(SCHEMA)
+    except sqlite3.Error as exc:
+        raise LedgerError(f"{p}: cannot open the ledger: {exc}") from exc
+    return conn
+
+
+class Ledger:
+    """The ledger at `path`. `source` tags rows ('dirq', 'amqp')."""
+
+    def __init__(self, path: str | Path, source: str = "dirq", *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.source = source
+        self._write = connect(self.path, create=create)
+        # A second connection for reads, so a read never waits on (or runs inside) the
+        # writer's transaction when the loop commits from a worker thread.
+        self._read = connect(self.path, create=False)
+
+    def close(self) -> None:
+        self._write.close()
+        self._read.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reads ----------------------------------------------------------------------
+
+    def processed_ref(self, msg_id: str) -> str | None:
+        """The ref that took effect for msg_id, '' when it has none, None when unseen."""
+        row = self._q1("SELECT ref FROM processed WHERE msg_id = ?", (msg_id,))
+        return None if row is None else (row[0] or "")
+
+    def failed_attempts(self, msg_id: str) -> int:
+        row = self._q1("SELECT count(*) FROM failures WHERE msg_id = ?", (msg_id,))
+        return int(row[0]) if row else 0
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("processed", "duplicates", "failures", "replays"):
+            out[table] = int(self._q1(f"SELECT count(*) FROM {table}", ())[0])
+        return out
+
+    def duplicate_ids(self) -> list[str]:
+        rows = self._read.execute("SELECT DISTINCT msg_id FROM duplicates ORDER BY msg_id")
+        return [r[0] for r in rows]
+
+    def last_failure(self, ref: str) -> tuple[str, str] | None:
+        """(reason, detail) of the newest failure recorded for `ref`."""
+        row = self._q1(
+            "SELECT reason, detail FROM failures WHERE ref = ? ORDER BY id DESC LIMIT 1", (ref,)
+        )
+        return None if row is None else (row[0], row[1])
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        cur = self._read.execute(
+            "SELECT msg_id, ref, reason, detail, attempt, at FROM failures"
+            " WHERE action = 'dead' ORDER BY id"
+        )
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur]
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run a read-only query (order checks); returns (columns, rows)."""
+        try:
+            self._read.execute("PRAGMA query_only=ON")
+            cur = self._read.execute(sql)
+            cols = [c[0] for c in cur.description or ()]
+            return cols, cur.fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self.path}: query failed: {exc}") from exc
+        finally:
+            self._read.execute("PRAGMA query_only=OFF")
+
+    def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
+        try:
+            return self._read.execute(sql, args).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self.path}: read failed: {exc}") from exc
+
+    # --- writes ---------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._write
+        try:
+            # IMMEDIATE takes the write lock up front: two consumers queue here (busy
+            # timeout) instead of deadlocking on a read lock upgraded to a write.
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self.path}: cannot begin a transaction: {exc}") from exc
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"{self.path}: write failed: {exc}") from exc
+            raise
+
+    def commit(self, entries: Iterable[Entry]) -> None:
+        """Record a group of outcomes in one durable transaction.
+
+        SUCCESS inserts the `processed` row with ON CONFLICT DO NOTHING; no row back
+        means another copy got there first, and the entry becomes a DUPLICATE (or
+        `recovered`, when the row names this very copy). A business write that the
+        database refuses is rolled back to its savepoint and that entry alone is
+        rejected; the rest of the group commits.
+        """
+        now = utcnow()
+        with self._transaction() as conn:
+            for e in entries:
+                if e.kind is Kind.SUCCESS:
+                    self._record_success(conn, e, now)
+                if e.kind is Kind.DUPLICATE:
+                    self._record_duplicate(conn, e, now)
+                elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
+                    conn.execute(
+                        "INSERT INTO failures (msg_id, ref, source, reason, detail, attempt,"
+                        " action, at) VALUES (?,?,?,?,?,?,?,?)",
+                        (
+                            e.delivery.msg_id,
+                            e.delivery.ref,
+                            self.source,
+                            e.reason,
+                            e.detail,
+                            e.attempt,
+                            "requeue" if e.settle is Settle.REQUEUE else "dead",
+                            now,
+                        ),
+                    )
+
+    def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
+        f = e.fields
+        conn.execute("SAVEPOINT one")
+        try:
+            row = conn.execute(
+                "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
+                " VALUES (?,?,?,?,?,?,?) ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id",
+                (
+                    e.delivery.msg_id,
+                    f.get("order_no"),
+                    f.get("seq"),
+                    f.get("amount"),
+                    now,
+                    self.source,
+                    e.delivery.ref,
+                ),
+            ).fetchone()
+            conn.execute("RELEASE one")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK TO one")
+            conn.execute("RELEASE one")
+            e.kind, e.settle = Kind.REJECTED, Settle.DEAD
+            e.reason, e.detail = "ledger-refused", str(exc)
+            return
+        if row is None:  # the primary key refused a second copy
+            e.kind = Kind.DUPLICATE
+            e.settle = Settle.ACK
+
+    def _record_duplicate(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
+        row = conn.execute(
+            "SELECT ref, source FROM processed WHERE msg_id = ?", (e.delivery.msg_id,)
+        ).fetchone()
+        d = e.delivery
+        if d.stable_ref and row is not None and row[0] == d.ref and row[1] == self.source:
+            # The row names this very file: we crashed after the commit and before the
+            # move. It is finished work, not a duplicate.
+            e.recovered = True
+            return
+        conn.execute(
+            "INSERT INTO duplicates (msg_id, ref, seen_at) VALUES (?,?,?)"
+            " ON CONFLICT(msg_id, ref) DO NOTHING",
+            (e.delivery.msg_id, e.delivery.ref, now),
+        )
+
+    def record_replay(self, ref: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("INSERT INTO replays (ref, at) VALUES (?,?)", (ref, utcnow()))

@@ -1,0 +1,94 @@
+"""The contract between the consume loop and a transport, and the settle decision.
+
+A transport hands the loop `Delivery` objects and later settles them in groups.
+It never touches the ledger: the loop records first and settles after the commit,
+which is the one ordering every guarantee here rests on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One copy of a message as a transport received it.
+
+    `msg_id` is None when the transport cannot tell it without parsing (the
+    directory queue); the loop's decoder fills it in. `ref` names the copy for
+    humans (a file name; a delivery tag). `stable_ref` says the ref names the same
+    copy across a crash (a file name does, a delivery tag does not), so that a row
+    naming it proves the copy itself was already committed. `token` is the
+    transport's own handle for settling it.
+    """
+
+    body: bytes
+    ref: str
+    msg_id: str | None = None
+    redelivered: bool = False
+    stable_ref: bool = False
+    token: Any = None
+    headers: dict[str, Any] = field(default_factory=dict)
+
+
+class Settle(enum.Enum):
+    """What happens to a delivery once its record is durable."""
+
+    ACK = "ack"  # done (processed or a duplicate): remove it from the queue
+    REQUEUE = "requeue"  # transient failure, first time: give it back for one more try
+    DEAD = "dead"  # poison or business rejection: dead-letter / quarantine it
+
+
+class Transport(Protocol):
+    """What the consume loop needs from a queue.
+
+    `deliveries` yields claimed copies until the transport has none left
+    (directory queue) or until `stop()` is called (broker). `settle` receives
+    a group of (delivery, decision, reason) only after the ledger commit that
+    records them; the transport may make the group durable once (one fsync of
+    the folders, one multiple-ack) instead of once per message.
+    """
+
+    def deliveries(self) -> AsyncIterator[Delivery]: ...
+
+    async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+# --- the settle decision --------------------------------------------------------------
+
+
+class Kind(enum.Enum):
+    """How a message's handling ended, before the ledger has spoken."""
+
+    SUCCESS = "success"  # the effect happened; record it
+    REJECTED = "rejected"  # will never succeed (parse error, 422): dead-letter at once
+    TRANSIENT = "transient"  # may succeed later (503, timeout, connection refused)
+    DUPLICATE = "duplicate"  # the ledger already holds this msg_id
+
+
+def decide(kind: Kind, redelivered: bool, attempt: int = 1, max_attempts: int = 2) -> Settle:
+    """The settle table in one place.
+
+    | kind       | first delivery   | redelivered / last attempt |
+    | SUCCESS    | ACK              | ACK                        |
+    | DUPLICATE  | ACK              | ACK                        |
+    | REJECTED   | DEAD             | DEAD                       |
+    | TRANSIENT  | REQUEUE          | DEAD                       |
+
+    A transient failure is retried once: the broker's `redelivered` flag says the
+    message may have been delivered before, and `attempt` (counted durably in the
+    ledger) catches a copy whose flag was lost. Requeueing without a bound would let
+    one message circulate forever in front of everything else.
+    """
+    if kind in (Kind.SUCCESS, Kind.DUPLICATE):
+        return Settle.ACK
+    if kind is Kind.REJECTED:
+        return Settle.DEAD
+    if redelivered or attempt >= max_attempts:
+        return Settle.DEAD
+    return Settle.REQUEUE
