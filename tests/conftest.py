@@ -1,0 +1,38 @@
+"""Shared fixtures: a temporary RabbitMQ vhost per test, free ports, the CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from support import broker_answers
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def amqp_url() -> Iterator[str]:
+    """An AMQP URL into a fresh vhost of its own; the vhost is deleted afterwards.
+
+    Without a broker the test fails under CI=true (a missing broker must not pass
+    as green) and is skipped elsewhere.
+    """
+    if not broker_answers() or shutil.which("rabbitmqctl") is None:
+        msg = "RabbitMQ is not answering on 127.0.0.1:5672 (or rabbitmqctl is missing)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    vhost = f"onceq-test-{uuid.uuid4().hex[:10]}"
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
