@@ -120,3 +120,224 @@ def consume(
         f"{stats.duplicates} duplicate(s), {stats.recovered} recovered, "
         f"{stats.dead} quarantined ({reasons})"
     )
+
+
+def _write_output(path: Path, text: str) -> Path:
+    """Write a result file atomically (a reader never sees half of it)."""
+    from onceq.dirq.queue import write_atomic
+    from onceq.errors import NotFound, UsageError
+
+    if not path.parent.is_dir():
+        raise NotFound(f"{path.parent}: no such folder for {path.name}")
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder, not a file")
+    return write_atomic(path.parent, path.name, text.encode())
+
+
+@dirq.command()
+@click.argument("qdir", type=QDIR)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the CSV here (default: print it).",
+)
+@click.option(
+    "--required",
+    default="msg_id,order_no,seq,amount",
+    show_default=True,
+    help="Fields a valid message must have (as for consume).",
+)
+@click.option(
+    "--max-bytes",
+    default=1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Larger files are not valid messages (as for consume).",
+)
+def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> None:
+    """The fields of a normal message, as CSV `field,type,role`.
+
+    Reads the valid messages (files that would be processed) in inbox/ and done/:
+    before a consume they are in inbox/, after it in done/. Quarantined files in
+    error/ are not normal messages. type is the JSON type (integer and number
+    mixed is number); role is idempotency-key for msg_id, sequence for seq.
+
+    \b
+    Example:
+      onceq dirq schema ./q -o ./q/schema.csv
+    """
+    from onceq.dirq.message import MessageSpec
+    from onceq.dirq.schema import schema_csv
+
+    spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
+    text = schema_csv(qdir, spec)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        _write_output(output, text)
+        click.echo(f"{output}: {text.count(chr(10)) - 1} field(s)")
+
+
+@dirq.command("order-check")
+@click.argument("qdir", type=QDIR, required=False)
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option(
+    "--sql",
+    "sql_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Run this read-only query instead of the built-in one.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the result here: `OK`, or a header line and CSV rows.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def order_check(
+    qdir: Path | None, db: Path | None, sql_file: Path | None, output: Path | None, as_json: bool
+) -> None:
+    """Find repeated and missing sequence numbers per order_no in the ledger.
+
+    Runs SQL over the `processed` table using the senders' seq values (never
+    processing times). Sequences start at 1, so a first seq above 1 is a gap.
+    The result is `OK` when the query returns no rows; otherwise a header line
+    and the rows as CSV. Exit 0 when OK, 1 when problems are found.
+    Name the ledger with --db PATH, or QDIR for QDIR/ledger.db.
+
+    \b
+    Example:
+      onceq dirq order-check --db ./q/ledger.db -o ./q/order-result.txt
+      onceq dirq order-check ./q --sql my-check.sql --json
+    """
+    from onceq.dirq.order import read_sql, render, run_check
+    from onceq.dirq.queue import DirQueue
+    from onceq.errors import UsageError
+    from onceq.ledger import Ledger
+
+    if db is None and qdir is None:
+        raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
+    path = db if db is not None else DirQueue(qdir).default_db  # type: ignore[arg-type]
+    sql = read_sql(sql_file) if sql_file is not None else None
+    with Ledger(path, create=False) as ledger:  # a check never creates a ledger
+        columns, rows = run_check(ledger, sql)
+    text = render(columns, rows)
+    if output is not None:
+        _write_output(output, text)
+    if as_json:
+        emit_json(
+            {
+                "ok": not rows,
+                "columns": columns,
+                "rows": [dict(zip(columns, r, strict=True)) for r in rows],
+            }
+        )
+    elif output is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo("OK" if not rows else f"{len(rows)} problem row(s): {output}")
+    if rows:
+        click.get_current_context().exit(1)
+
+
+@dirq.command(context_settings={"ignore_unknown_options": True})
+@click.argument("qdir")
+@click.argument("threshold")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+def lag(qdir: str, threshold: str, as_json: bool) -> None:
+    """Print `inbox=N processing=N error=N`; exit 1 when inbox > THRESHOLD.
+
+    Counts message files only (not dotfiles or *.tmp partial writes), including
+    the files claimed in every processing/w-*/ worker folder. Exit 0 when the
+    inbox holds THRESHOLD files or fewer, 1 when more, 2 for a bad argument
+    (no such queue folder, THRESHOLD not a non-negative integer).
+
+    \b
+    Example:
+      onceq dirq lag ./q 100 || echo "the consumers are behind"
+    """
+    # Deliberately light: no rich, no ledger; a monitor may run this every second.
+    from onceq.dirq.queue import DirQueue
+    from onceq.errors import NotFound, UsageError
+
+    if not threshold.isascii() or not threshold.isdigit():
+        raise UsageError(f"threshold {threshold!r}: not a non-negative integer")
+    limit = int(threshold)
+    try:
+        counts = DirQueue(qdir).counts(("inbox", "processing", "error"))
+    except NotFound as exc:  # a wrong folder is a bad argument here (exit 2, not 3)
+        raise UsageError(str(exc)) from exc
+    over = counts["inbox"] > limit
+    if as_json:
+        emit_json({**counts, "threshold": limit, "over": over})
+    else:
+        click.echo(
+            f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
+        )
+    if over:
+        click.get_current_context().exit(1)
+
+
+@dirq.command(context_settings={"ignore_unknown_options": True})
+@click.argument("qdir", type=QDIR)
+@click.argument("file")
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
+    """Move error/FILE back to inbox/FILE and record the replay in the ledger.
+
+    FILE is a plain file name in QDIR/error/. A refused replay changes nothing,
+    neither the folders nor the ledger: exit 2 for a bad name ('..', 'a/b', ''),
+    3 when error/FILE does not exist, 4 when inbox/FILE already exists.
+
+    \b
+    Example:
+      onceq dirq replay ./q msg-009.json && onceq dirq consume ./q
+    """
+    from onceq.dirq.queue import DirQueue
+    from onceq.ledger import Ledger
+
+    queue = DirQueue(qdir)
+
+    def record(name: str) -> None:
+        # Opened only once every check has passed: a refusal never creates the ledger.
+        with Ledger(db or queue.default_db) as ledger:
+            ledger.record_replay(name)
+
+    dst = queue.replay(file, record)
+    if as_json:
+        emit_json({"replayed": file, "to": str(dst)})
+    else:
+        click.echo(f"{qdir}: error/{file} -> inbox/{file} (replay recorded)")
+
+
+@dirq.command()
+@click.argument("qdir", type=QDIR)
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def report(qdir: Path, db: Path | None, as_json: bool) -> None:
+    """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.
+
+    dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
+    error.csv: `file,reason`, one row per file now in error/ with the newest
+    failure reason the ledger holds for it (`unknown` when it has none). Both
+    come from durable state: any run writes the same files.
+
+    \b
+    Example:
+      onceq dirq report ./q && cat ./q/error.csv
+    """
+    from onceq.dirq.queue import DirQueue
+    from onceq.dirq.report import write_report
+    from onceq.ledger import Ledger
+
+    queue = DirQueue(qdir).check()
+    with Ledger(db or queue.default_db, create=False) as ledger:
+        dup, err = write_report(queue, ledger)
+    dups = dup.read_text().split()
+    rows = err.read_text().count("\n") - 1
+    if as_json:
+        emit_json({"dup": str(dup), "error": str(err), "duplicates": dups, "errors": rows})
+    else:
+        click.echo(f"{dup}: {len(dups)} duplicate id(s); {err}: {rows} file(s) in error/")

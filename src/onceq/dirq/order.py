@@ -1,1 +1,109 @@
-"""The order check: repeated and missing sequence numbers per order_no."""
+"""The order check: repeated and missing sequence numbers per order_no.
+
+It reads only what the senders said, the `seq` stored in `processed`, never the
+time a row was processed: processing order is the queue's business (parallel
+consumers, replays), sequence order is the sender's promise.
+
+The default query reports one row per problem, sorted by order_no and position:
+
+| problem    | seq_from..seq_to            | n                          | msg_ids              |
+| repeated   | the seq held by >1 message  | how many messages hold it  | those ids, sorted    |
+| gap        | the missing numbers         | how many are missing       |                      |
+| below-start| a seq under 1               | how many messages hold it  | those ids            |
+| no-seq     | (empty)                     | messages without a seq     | those ids            |
+
+Sequences start at 1: an order whose smallest seq is 3 is missing 1..2 (its first
+messages never arrived), which is reported as a gap. Duplicate *messages* (the same
+msg_id twice) never reach `processed`, so a repeated seq always means two different
+messages claim the same place in an order.
+
+A user's query (--sql FILE) runs instead of the default, read-only (the ledger sets
+`query_only`); whatever rows it returns are the problems.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from onceq.errors import NotFound, UsageError
+from onceq.ledger import Ledger
+
+DEFAULT_SQL = """\
+-- onceq order check: per order_no, repeated seq values and gaps in seq.
+-- Uses the senders' sequence numbers (processed.seq), never processing times.
+-- Sequences start at 1: a first seq above 1 means the missing numbers are a gap.
+-- No rows = OK.
+WITH numbered AS (
+    SELECT order_no, seq, count(*) AS n, group_concat(msg_id, ' ') AS msg_ids
+    FROM (SELECT order_no, seq, msg_id FROM processed ORDER BY msg_id)
+    WHERE seq IS NOT NULL
+    GROUP BY order_no, seq
+),
+stepped AS (
+    SELECT order_no, seq,
+           coalesce(lag(seq) OVER (PARTITION BY order_no ORDER BY seq), 0) AS prev
+    FROM numbered
+    WHERE seq >= 1
+),
+problems AS (
+    SELECT order_no, 'repeated' AS problem, seq AS seq_from, seq AS seq_to, n, msg_ids
+    FROM numbered WHERE n > 1 AND seq >= 1
+    UNION ALL
+    SELECT order_no, 'gap', prev + 1, seq - 1, seq - prev - 1, ''
+    FROM stepped WHERE seq - prev > 1
+    UNION ALL
+    SELECT order_no, 'below-start', seq, seq, n, msg_ids
+    FROM numbered WHERE seq < 1
+    UNION ALL
+    SELECT order_no, 'no-seq', NULL, NULL, count(*), group_concat(msg_id, ' ')
+    FROM (SELECT order_no, msg_id FROM processed WHERE seq IS NULL ORDER BY msg_id)
+    GROUP BY order_no
+)
+SELECT order_no, problem, seq_from, seq_to, n, msg_ids
+FROM problems
+ORDER BY order_no, seq_from, problem;
+"""
+
+OK = "OK"
+
+
+def read_sql(path: str | Path) -> str:
+    """The query in a user's file, or the error that says why there is none."""
+    p = Path(path)
+    try:
+        sql = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise NotFound(f"{p}: no such SQL file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{p}: cannot read the SQL file: {exc}") from exc
+    if not strip_comments(sql).strip(" \t\r\n;"):
+        raise UsageError(f"{p}: holds no SQL statement")
+    return sql
+
+
+def strip_comments(sql: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def run_check(ledger: Ledger, sql: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, rows) of the order query; no rows means the order is intact."""
+    return ledger.query(sql if sql is not None else DEFAULT_SQL)
+
+
+def check_order(ledger: Ledger, sql: str | None = None) -> list[tuple[Any, ...]]:
+    """The problem rows the order query finds (empty: OK)."""
+    return run_check(ledger, sql)[1]
+
+
+def render(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """`OK` alone when there are no rows; else a header line and one CSV line per row."""
+    if not rows:
+        return f"{OK}\n"
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    w.writerows(["" if v is None else v for v in row] for row in rows)
+    return buf.getvalue()

@@ -150,32 +150,48 @@ class DirQueue:
         fsync_dir(inbox)
         return len(files)
 
-    def counts(self) -> dict[str, int]:
-        """Message files per folder (processing/ counts every worker's claims)."""
+    def counts(self, folders: Sequence[str] = FOLDERS) -> dict[str, int]:
+        """Message files per folder (processing/ counts every worker's claims).
+
+        Dotfiles and *.tmp are a producer's unfinished writes and are not counted;
+        `folders` lets `lag` skip done/, which only grows.
+        """
         self.check()
         out = {}
-        for f in FOLDERS:
+        for f in folders:
             out[f] = sum(1 for _ in self._messages(self.folder(f), nested=(f == "processing")))
         return out
 
-    def _messages(self, folder: Path, nested: bool = False) -> Iterator[str]:
-        with os.scandir(folder) as it:
-            for e in it:
-                if not is_message_name(e.name):
-                    continue
-                if nested and e.is_dir(follow_symlinks=False):
-                    yield from self._messages(Path(e.path))
-                else:
-                    yield e.name
+    def _messages(
+        self, folder: Path, nested: bool = False, may_vanish: bool = False
+    ) -> Iterator[str]:
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if not is_message_name(e.name):
+                        continue
+                    if nested and e.is_dir(follow_symlinks=False):
+                        # A worker's claim folder: its files are messages in flight.
+                        yield from self._messages(Path(e.path), may_vanish=True)
+                    else:
+                        yield e.name
+        except FileNotFoundError:
+            # A worker removes its empty claim folder when it finishes; one that
+            # vanished while we counted held nothing.
+            if not may_vanish:
+                raise
 
     def replay(self, name: str, record: Callable[[str], None] | None = None) -> Path:
         """Move error/NAME back to inbox/NAME; refuse, changing nothing, when it can't.
 
-        `record` (the ledger's replay record) runs after the file is linked into the
-        inbox and before it leaves error/: if recording fails the link is undone.
+        Every check runs before anything changes, and `record` (which opens the
+        ledger) is reached only by a replay that will happen: a refused replay
+        leaves the folders and the database (even its absence) exactly as they were.
+        `record` runs after the file is linked into the inbox and before it leaves
+        error/: if recording fails the link is undone, so no replay goes unrecorded.
         """
+        check_name(name)  # a bad name is a usage error whatever the folder holds
         self.check()
-        check_name(name)
         src = self.folder("error") / name
         dst = self.folder("inbox") / name
         if not os.path.lexists(src):
