@@ -1,0 +1,14 @@
+"""RabbitMQ: the claims pipeline as onceq's second transport.
+
+| module       | holds                                                               |
+| url          | EAI_AMQP_URL, the vhost, logging that never shows a password, and   |
+|              | the ONE place aiormq/aio-pika exceptions become onceq.errors        |
+| topology     | the exchanges, queues and bindings, declared idempotently           |
+| publisher    | claim files → persistent, confirmed, mandatory messages             |
+| transport    | the consume loop's Transport over aio-pika (qos, robust reconnect)  |
+| handler      | decoding a delivery and POSTing it to the claim system (HTTP → Kind)|
+| consume      | one consumer run: ledger, deadline, signals, grace                  |
+| status       | queue depths and the memory watermark read through rabbitmqctl      |
+
+Heavy imports (aiormq, aio_pika, httpx) happen inside functions.
+"""

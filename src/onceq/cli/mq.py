@@ -2,17 +2,250 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
 import click
+
+from onceq.cli.output import console, emit_json
+
+JSON_HELP = "Print the outcome as JSON."
+
+
+def _url() -> str:
+    from onceq.amqp.url import amqp_url, setup_logging
+
+    setup_logging()
+    return amqp_url()
 
 
 @click.group()
 def mq() -> None:
     """RabbitMQ: topology, confirming publisher, manual-ack consumer with DLQ.
 
-    Every command reads EAI_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2F).
+    Every command reads EAI_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2F);
+    any vhost in it works. Passwords are never printed.
+
+    \b
+    Example:
+      onceq mq topology
+      onceq mq publish claims/*.json
+      onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30
+      onceq mq status
     """
+
+
+@mq.command()
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def topology(as_json: bool) -> None:
+    """Declare eai.claim, eai.dlx, claim.in (dead-lettering to eai.dlx) and claim.dead.
+
+    Idempotent: a second run changes nothing. When the broker already holds one
+    of them with other attributes it exits 4 naming the object, and creates
+    nothing.
+
+    \b
+    Example:
+      EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
+    """
+    from onceq.amqp.topology import declare
+    from onceq.amqp.url import vhost_of
+
+    url = _url()
+    result = asyncio.run(declare(url))
+    if as_json:
+        emit_json({"vhost": vhost_of(url), "objects": result})
+        return
+    created = [k for k, v in result.items() if v == "created"]
+    console().print(
+        f"topology ready in vhost {vhost_of(url)!r}: {len(result)} objects,"
+        f" {len(created)} created{': ' + ', '.join(created) if created else ''}"
+    )
+
+
+@mq.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--window",
+    default=256,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Publisher confirms outstanding at once.",
+)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
+    """Publish each claim FILE as one persistent message to eai.claim (key claim).
+
+    The body is the file's bytes unchanged; message_id is the JSON's guid;
+    content_type application/json. Publisher confirms and mandatory are on.
+    Every file is checked first: one unreadable, non-JSON or guid-less file
+    publishes nothing (exit 5). A returned or nacked message exits 6.
+
+    \b
+    Example:
+      onceq mq publish claims/*.json --json
+    """
+    from onceq.amqp.publisher import load_claims
+    from onceq.amqp.publisher import publish as do_publish
+
+    url = _url()
+    claims = load_claims(list(files))
+    report = asyncio.run(do_publish(url, claims, window=window))
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    console().print(f"published {report.published} claim(s) to eai.claim, all confirmed")
+
+
+@mq.command()
+@click.option("--claim", "claim_url", required=True, help="Claim system base URL.")
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop taking messages after N seconds (default: run until SIGTERM/SIGINT).",
+)
+@click.option(
+    "--prefetch",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Unacked deliveries at most (basic_qos), handled concurrently.",
+)
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Ledger database (default: EAI_MQ_DB, else ./processed.db).",
+)
+@click.option(
+    "--timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds per claim-system call before it counts as a timeout.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def consume(
+    claim_url: str,
+    max_seconds: float | None,
+    prefetch: int,
+    db: Path | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Consume claim.in, POST each claim to CLAIM/v1/claims, ack after the ledger.
+
+    201 → recorded, then acked. 422 → dead-lettered at once. 503, other
+    statuses, connection errors and timeouts → requeued once, then
+    dead-lettered. A message_id already in the ledger is acked without a call.
+    SIGTERM/SIGINT or --max-seconds finish the in-flight claims and exit 0.
+
+    \b
+    Example:
+      onceq partner claim --port 9202 &
+      onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
+    """
+    from onceq.amqp.consume import ConsumeOptions, default_db
+    from onceq.amqp.consume import consume as run_consume
+    from onceq.amqp.handler import check_claim_url
+
+    url = _url()
+    check_claim_url(claim_url)
+    opts = ConsumeOptions(
+        claim_url=claim_url,
+        db=db or default_db(),
+        prefetch=prefetch,
+        max_seconds=max_seconds,
+        timeout=timeout,
+    )
+    result = run_consume(url, opts)
+    if as_json:
+        emit_json(result.as_dict())
+        return
+    s = result.stats
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())) or "none"
+    console().print(
+        f"{s.received} received, {s.processed} processed, {s.duplicates} duplicate(s),"
+        f" {s.requeued} requeued, {s.dead} dead (reasons: {reasons})"
+        + (f", {result.unsettled} left to redelivery" if result.unsettled else "")
+        + f"; ledger {opts.db}"
+    )
+
+
+@mq.command()
+@click.option("--node", help="RabbitMQ node for rabbitmqctl -n (default: rabbitmqctl's own).")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def status(node: str | None, as_json: bool) -> None:
+    """Messages and unacked of claim.in and claim.dead, and the memory watermark.
+
+    Reads the broker through rabbitmqctl (JSON formatter) for the vhost of
+    EAI_AMQP_URL; needs rabbitmqctl on PATH.
+
+    \b
+    Example:
+      onceq mq status --node rabbit@localhost --json
+    """
+    from onceq.amqp.status import status as read_status
+    from onceq.amqp.url import vhost_of
+
+    url = _url()
+    doc = read_status(vhost_of(url), node)
+    if as_json:
+        emit_json(doc)
+        return
+    _print_status(doc)
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"vhost {doc['vhost']!r}")
+    table.add_column("queue")
+    table.add_column("messages", justify="right")
+    table.add_column("unacked", justify="right")
+    for name, q in doc["queues"].items():
+        if q is None:
+            table.add_row(name, "absent", "-")
+        else:
+            table.add_row(name, str(q["messages"]), str(q["unacked"]))
+    console().print(table)
+    mem = doc["memory"]
+    line = f"memory high watermark: {mem.get('setting')}"
+    if isinstance(mem.get("limit_bytes"), int):
+        line += f" = {mem['limit_bytes'] / 2**20:.0f} MiB"
+    if isinstance(mem.get("used_bytes"), int):
+        line += f" (used {mem['used_bytes'] / 2**20:.0f} MiB)"
+    line += f"; alarms: {', '.join(map(str, mem.get('alarms') or [])) or 'none'}"
+    console().print(line)
 
 
 @click.group()
 def partner() -> None:
     """Stub partner systems for demos, tests and benchmarks."""
+
+
+@partner.command()
+@click.option("--port", default=9202, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--delay",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds each call takes (asyncio.sleep: concurrent calls overlap).",
+)
+def claim(port: int, host: str, delay: float) -> None:
+    """Run the claim-system stub until SIGTERM/SIGINT.
+
+    POST /v1/claims: 422 when docs is missing or empty, 503 when claimId starts
+    with BUSY, 400 for a body that is not a JSON object, else 201.
+    GET /_stats: total, by_guid, by_claim. POST /_reset clears them.
+
+    \b
+    Example:
+      onceq partner claim --port 9202 --delay 0.5 &
+      curl -s http://127.0.0.1:9202/_stats
+    """
+    from onceq.partner import run
+
+    run(host, port, delay)

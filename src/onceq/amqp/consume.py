@@ -1,0 +1,132 @@
+"""One consumer run over claim.in: ledger, deadline, signals, bounded grace.
+
+    onceq mq consume --claim URL  →  consume(url, ConsumeOptions(...))  →  Stats
+
+The run stops taking deliveries at the deadline (--max-seconds) or on SIGTERM /
+SIGINT, lets the deliveries in flight finish (each bounded by the HTTP timeout,
+the whole by `grace`), records and settles them, then closes. Whatever is left
+unsettled goes back to claim.in when the channel closes; the ledger skips it
+next time if it was already done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onceq.consumer import Consumer, Stats
+from onceq.ledger import Entry, Ledger
+
+log = logging.getLogger(__name__)
+
+ENV_DB = "EAI_MQ_DB"
+DEFAULT_DB = "processed.db"
+DEFAULT_PREFETCH = 5
+DEFAULT_TIMEOUT = 10.0
+# A transient failure is retried once (requeue), then dead-lettered.
+MAX_ATTEMPTS = 2
+
+
+def default_db(fallback_dir: Path | None = None) -> Path:
+    """EAI_MQ_DB, else processed.db in `fallback_dir` (the lab folder) or the cwd."""
+    env = os.environ.get(ENV_DB)
+    if env:
+        return Path(env)
+    return (fallback_dir or Path.cwd()) / DEFAULT_DB
+
+
+@dataclass(frozen=True)
+class ConsumeOptions:
+    claim_url: str
+    db: Path
+    prefetch: int = DEFAULT_PREFETCH
+    max_seconds: float | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def grace(self) -> float:
+        """How long stopping may take: one HTTP timeout plus the commit and settle."""
+        return self.timeout + 5.0
+
+
+@dataclass
+class ConsumeResult:
+    stats: Stats
+    unsettled: int
+    db: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.stats.as_dict(), "unsettled": self.unsettled, "db": str(self.db)}
+
+
+def consume(
+    url: str,
+    opts: ConsumeOptions,
+    *,
+    on_settled: Callable[[Sequence[Entry]], None] | None = None,
+) -> ConsumeResult:
+    """Run a consumer until the deadline or a signal; returns what it did."""
+    return asyncio.run(_consume(url, opts, on_settled))
+
+
+async def _consume(
+    url: str, opts: ConsumeOptions, on_settled: Callable[[Sequence[Entry]], None] | None
+) -> ConsumeResult:
+    from onceq.amqp.handler import ClaimHandler, decode
+    from onceq.amqp.transport import AmqpTransport
+
+    # The ledger first: a bad --db path is reported before anything is consumed.
+    ledger = Ledger(opts.db, source="amqp")
+    handler = ClaimHandler(opts.claim_url, concurrency=opts.prefetch, timeout=opts.timeout)
+    transport = AmqpTransport(url, prefetch=opts.prefetch)
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    try:
+        await transport.open()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, transport.stop)
+            handled.append(sig)
+        if opts.max_seconds is not None:
+            loop.call_later(opts.max_seconds, transport.stop)
+        consumer = Consumer(
+            transport,
+            ledger,
+            decode,
+            handler,
+            # The broker bounds unacked deliveries by prefetch; the loop handles as many
+            # at once, so a slow claim system sees prefetch calls in parallel.
+            max_in_flight=opts.prefetch,
+            max_group=max(opts.prefetch, 1),
+            max_attempts=MAX_ATTEMPTS,
+            on_settled=on_settled,
+        )
+        run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
+        stop_wait = asyncio.create_task(transport.stopped.wait())
+        await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not run.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(run), opts.grace)
+            except TimeoutError:
+                log.warning(
+                    "in-flight deliveries did not finish within %.0fs; they return to %s",
+                    opts.grace,
+                    "the queue",
+                )
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                return ConsumeResult(consumer.stats, transport.unsettled, opts.db)
+        stats = run.result()  # raises the ledger's error, if it failed
+        return ConsumeResult(stats, transport.unsettled, opts.db)
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await transport.close()
+        await handler.aclose()
+        ledger.close()
