@@ -4,7 +4,8 @@
                       422 docs missing or empty          (business rejection)
                       503 claimId starts with BUSY        (transient)
                       201 otherwise
-    GET  /_stats      {"total": N, "by_guid": {...}, "by_claim": {...}, "by_status": {...}}
+    GET  /_stats      {"total": N, "by_guid": {...}, "by_claim": {...}, "by_status": {...},
+                       "peak_in_flight": most calls answered at once}
     POST /_reset      clears the stats
 
 Every call is counted before the answer (a 422 or 503 is still a call the partner
@@ -32,6 +33,8 @@ class ClaimStats:
     by_guid: Counter[str] = field(default_factory=Counter)
     by_claim: Counter[str] = field(default_factory=Counter)
     by_status: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0
+    peak_in_flight: int = 0  # most calls being answered at once: proves concurrency
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +42,7 @@ class ClaimStats:
             "by_guid": dict(self.by_guid),
             "by_claim": dict(self.by_claim),
             "by_status": dict(self.by_status),
+            "peak_in_flight": self.peak_in_flight,
         }
 
 
@@ -73,8 +77,13 @@ def make_app(delay: float = 0.0) -> Any:
         stats.by_guid[str(guid)] += 1
         if claim_id is not None:
             stats.by_claim[str(claim_id)] += 1
-        if delay > 0:
-            await asyncio.sleep(delay)
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        finally:
+            stats.in_flight -= 1
         status = classify(doc)
         stats.by_status[str(status)] += 1
         body = {
@@ -89,7 +98,7 @@ def make_app(delay: float = 0.0) -> Any:
         return web.json_response(stats.as_dict())
 
     async def reset(request: web.Request) -> web.Response:
-        stats.total = 0
+        stats.total = stats.peak_in_flight = 0
         for c in (stats.by_guid, stats.by_claim, stats.by_status):
             c.clear()
         return web.json_response({"reset": True})
