@@ -471,3 +471,11 @@ def test_report_needs_a_queue_and_a_ledger(tmp_path: Path) -> None:
     assert not (q / "ledger.db").exists()
     shutil.rmtree(q / "error")
     assert run_cli("dirq", "report", str(q)).returncode == 3
+
+
+def test_output_into_a_missing_folder_is_not_found(sample_q: Path, tmp_path: Path) -> None:
+    for cmd in (["schema", str(sample_q)], ["order-check", str(sample_q)]):
+        r = run_cli("dirq", *cmd, "-o", str(tmp_path / "no" / "out.txt"))
+        assert r.returncode == 3, cmd
+        _one_line_error(r)
+    assert not (tmp_path / "no").exists()

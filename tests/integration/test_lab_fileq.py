@@ -214,3 +214,19 @@ def test_lab_fileq_help_has_an_example() -> None:
     r = run_cli("lab", "fileq", "--help")
     assert r.returncode == 0
     assert "Example" in r.stdout
+
+
+def test_a_root_or_q_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "file"
+    root.write_text("not a folder")
+    r = run_cli("lab", "fileq", "--root", str(root))
+    assert r.returncode == 2  # click's own check of --root
+    assert "Traceback" not in r.stderr
+    assert root.read_text() == "not a folder"
+    (tmp_path / "R").mkdir()
+    (tmp_path / "R" / "q").write_text("mine")
+    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"))
+    assert r.returncode == 4
+    assert r.stderr.startswith("onceq: ") and len(r.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "R" / "q").read_text() == "mine"
+    assert os.listdir(tmp_path / "R") == ["q"]

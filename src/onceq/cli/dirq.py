@@ -131,7 +131,10 @@ def _write_output(path: Path, text: str) -> Path:
         raise NotFound(f"{path.parent}: no such folder for {path.name}")
     if path.is_dir():
         raise UsageError(f"{path}: is a folder, not a file")
-    return write_atomic(path.parent, path.name, text.encode())
+    try:
+        return write_atomic(path.parent, path.name, text.encode())
+    except OSError as exc:  # e.g. a read-only folder: one line naming the file
+        raise UsageError(f"{path}: cannot write: {exc.strerror}") from exc
 
 
 @dirq.command()

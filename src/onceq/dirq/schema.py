@@ -75,10 +75,12 @@ def valid_documents(queue: DirQueue, spec: MessageSpec | None = None) -> Iterato
                 continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                continue  # consumed (moved) while we listed: it will be read in done/
-            with os.fdopen(fd, "rb") as f:
-                body = f.read(spec.max_bytes + 1)
+                with os.fdopen(fd, "rb") as f:
+                    body = f.read(spec.max_bytes + 1)
+            except OSError:
+                # Moved by a consumer while we listed (it is read in done/), or not
+                # readable: either way not a message whose fields we can know here.
+                continue
             delivery = Delivery(body=body, ref=name, headers={"size": len(body)})
             if decode(delivery, spec).kind is not Kind.SUCCESS:
                 continue

@@ -110,6 +110,8 @@ def _fixture_dir(fixtures: Path | None) -> Path:
 
 
 def _check_free(q: Path) -> None:
+    if q.parent.exists() and not q.parent.is_dir():
+        raise Conflict(f"{q.parent}: exists and is not a folder")
     if q.is_symlink() or (q.exists() and not q.is_dir()):
         raise Conflict(f"{q}: exists and is not a folder")
     if q.is_dir() and any(q.iterdir()):
@@ -125,7 +127,10 @@ def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
     q = root / "q"
     src = _fixture_dir(fixtures)
     _check_free(q)  # every refusal above and here changes nothing
-    queued = DirQueue(q).init(src)
+    try:
+        queued = DirQueue(q).init(src)
+    except OSError as exc:  # a root we may not write into: one line, not a traceback
+        raise UsageError(f"{q}: cannot create the queue: {exc.strerror}") from exc
     # Before any consume the valid messages are all in inbox/.
     write_atomic(q, "schema.csv", schema_csv(q).encode())
     write_script(q / "consume.py", python_preamble() + CONSUME_PY)
