@@ -1,0 +1,102 @@
+"""`onceq mq publish` against the real broker: properties, validation, confirms, returns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pika
+import pytest
+
+from mq_support import CLAIMS, claim_doc, cli, get_all, queues, topology, write_claims
+
+pytestmark = pytest.mark.broker
+
+
+def test_each_file_becomes_one_persistent_message_with_its_exact_bytes(amqp_url: str) -> None:
+    topology(amqp_url)
+    files = sorted(CLAIMS.glob("*.json"))
+    r = cli(amqp_url, "mq", "publish", *map(str, files), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"published": len(files), "unroutable": [], "nacked": []}
+
+    got = get_all(amqp_url, "claim.in")
+    assert len(got) == len(files)
+    by_body = {body: props for _, props, body in got}
+    for f in files:
+        raw = f.read_bytes()
+        props = by_body[raw]  # body bytes unchanged (whitespace, key order, UTF-8)
+        assert props.delivery_mode == 2
+        assert props.message_id == json.loads(raw)["guid"]
+        assert props.content_type == "application/json"
+
+
+def test_many_files_all_confirmed_over_a_small_window(amqp_url: str, tmp_path: Path) -> None:
+    """More messages than the window: every one is confirmed and in the queue."""
+    topology(amqp_url)
+    files = write_claims(tmp_path, [claim_doc(f"g-{i}") for i in range(300)])
+    r = cli(amqp_url, "mq", "publish", "--window", "16", *map(str, files), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["published"] == 300
+    assert queues(amqp_url)["claim.in"] == (300, 0)
+
+
+BAD_FILES = {
+    # case: (file name, content or None for "does not exist" / a folder, words in the error)
+    "not-json": ("notjson.json", '{"guid": "x", ', "not JSON"),
+    "no-guid": ("noguid.json", json.dumps({"claimId": "C1", "docs": ["a"]}), "no guid"),
+    "blank-guid": ("blank.json", json.dumps({"guid": "  ", "docs": ["a"]}), "no guid"),
+    "array": ("array.json", "[1, 2]", "not a JSON object"),
+    "a-folder": ("adir.json", "<dir>", "cannot read"),  # root reads 0o000 files, not folders
+    "missing": ("missing.json", None, "cannot read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_file_exits_5_and_nothing_is_published(
+    amqp_url: str, tmp_path: Path, case: str
+) -> None:
+    topology(amqp_url)
+    good = write_claims(tmp_path / "good", [claim_doc("g-1"), claim_doc("g-2")])
+    name, content, why = BAD_FILES[case]
+    bad = tmp_path / name
+    if content == "<dir>":
+        bad.mkdir()
+    elif content is not None:
+        bad.write_text(content)
+    r = cli(amqp_url, "mq", "publish", str(good[0]), str(bad), str(good[1]))
+    assert r.returncode == 5, r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert str(bad) in line and why in line
+    assert "nothing was published" in line
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_unroutable_exits_6(amqp_url: str, tmp_path: Path) -> None:
+    topology(amqp_url)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_unbind("claim.in", "eai.claim", "claim")
+    conn.close()
+    files = write_claims(tmp_path, [claim_doc("g-1"), claim_doc("g-2")])
+    r = cli(amqp_url, "mq", "publish", *map(str, files))
+    assert r.returncode == 6, r.stderr
+    assert "unroutable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "2 of 2" in r.stderr
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_deleted_queue_is_unroutable_too(amqp_url: str, tmp_path: Path) -> None:
+    topology(amqp_url)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_delete("claim.in")
+    conn.close()
+    r = cli(amqp_url, "mq", "publish", *map(str, write_claims(tmp_path, [claim_doc("g-1")])))
+    assert r.returncode == 6, r.stderr
+
+
+def test_missing_exchange_is_not_found(amqp_url: str, tmp_path: Path) -> None:
+    """No topology at all: the broker closes the channel (404); exit 3, naming eai.claim."""
+    r = cli(amqp_url, "mq", "publish", *map(str, write_claims(tmp_path, [claim_doc("g-1")])))
+    assert r.returncode == 3, r.stderr
+    assert "eai.claim" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,154 @@
+"""`onceq mq topology` and `onceq mq status` against the real broker, one vhost per test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pika
+import pytest
+
+from mq_support import cli, ctl, queues, vhost
+
+pytestmark = pytest.mark.broker
+
+
+def _state(url: str) -> dict[str, object]:
+    v = vhost(url)
+    exchanges = json.loads(
+        ctl("list_exchanges", "-p", v, "name", "type", "durable", "--formatter", "json")
+    )
+    qs = json.loads(
+        ctl("list_queues", "-p", v, "name", "durable", "arguments", "--formatter", "json")
+    )
+    bindings = json.loads(
+        ctl("list_bindings", "-p", v, "source_name", "destination_name", "routing_key",
+            "--formatter", "json")
+    )  # fmt: skip
+    return {
+        "exchanges": sorted(
+            (e["name"], e["type"], e["durable"]) for e in exchanges if e["name"].startswith("eai.")
+        ),
+        "queues": sorted(
+            (q["name"], q["durable"], tuple(sorted((a[0], a[2]) for a in q["arguments"])))
+            for q in qs
+        ),
+        "bindings": sorted(
+            (b["source_name"], b["destination_name"], b["routing_key"])
+            for b in bindings
+            if b["source_name"]
+        ),
+    }
+
+
+def test_topology_declares_everything_and_a_second_run_changes_nothing(amqp_url: str) -> None:
+    first = cli(amqp_url, "mq", "topology", "--json")
+    assert first.returncode == 0, first.stderr
+    state = _state(amqp_url)
+    assert state["exchanges"] == [("eai.claim", "direct", True), ("eai.dlx", "direct", True)]
+    dlx_args = (("x-dead-letter-exchange", "eai.dlx"), ("x-dead-letter-routing-key", "claim.dead"))
+    assert state["queues"] == [("claim.dead", True, ()), ("claim.in", True, dlx_args)]
+    assert state["bindings"] == [
+        ("eai.claim", "claim.in", "claim"),
+        ("eai.dlx", "claim.dead", "claim.dead"),
+    ]
+    assert set(json.loads(first.stdout)["objects"].values()) == {"created", "bound"}
+
+    second = cli(amqp_url, "mq", "topology", "--json")
+    assert second.returncode == 0, second.stderr
+    assert second.stderr == ""
+    assert _state(amqp_url) == state
+    objects = json.loads(second.stdout)["objects"]
+    assert "created" not in objects.values()
+
+
+def test_claim_in_dead_letters_to_claim_dead(amqp_url: str) -> None:
+    """The DLX arguments really route: a rejected message lands in claim.dead."""
+    assert cli(amqp_url, "mq", "topology").returncode == 0
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.basic_publish("eai.claim", "claim", b'{"guid": "x"}')
+    method, _, _ = ch.basic_get("claim.in")
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    conn.close()
+    assert queues(amqp_url)["claim.dead"] == (1, 0)
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_conflicting_queue_exits_4_names_it_and_creates_nothing(amqp_url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_declare("claim.in", durable=True, arguments={"x-max-length": 10})
+    conn.close()
+
+    r = cli(amqp_url, "mq", "topology")
+    assert r.returncode == 4, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onceq: "), r.stderr
+    assert "claim.in" in lines[0] and "406" in lines[0]
+    assert "Traceback" not in r.stderr
+    # Refused means no change: the exchanges and claim.dead were not created.
+    state = _state(amqp_url)
+    assert state["exchanges"] == []
+    assert [q[0] for q in state["queues"]] == ["claim.in"]
+
+
+def test_conflicting_exchange_type_exits_4(amqp_url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().exchange_declare("eai.dlx", "fanout", durable=True)
+    conn.close()
+    r = cli(amqp_url, "mq", "topology")
+    assert r.returncode == 4
+    assert "eai.dlx" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:s3cretPassw0rd@127.0.0.1:5672/%2F",  # wrong password
+        "amqp://guest:s3cretPassw0rd@127.0.0.1:1/%2F",  # nothing listens there
+    ],
+)
+def test_broker_unavailable_is_one_line_without_the_password(url: str, amqp_url: str) -> None:
+    for args in (
+        ("mq", "topology"),
+        ("mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "1"),
+    ):
+        r = cli(url, *args)
+        assert r.returncode == 7, (args, r.stderr)
+        assert "s3cretPassw0rd" not in r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "guest:***@127.0.0.1" in r.stderr
+
+
+def test_missing_vhost_is_broker_unavailable(amqp_url: str) -> None:
+    r = cli(amqp_url + "-gone", "mq", "topology")
+    assert r.returncode == 7
+    assert "-gone" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_status_reads_depths_of_the_urls_vhost_and_the_watermark(amqp_url: str) -> None:
+    assert cli(amqp_url, "mq", "topology").returncode == 0
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    for i in range(3):
+        ch.basic_publish("eai.claim", "claim", b"{}", pika.BasicProperties(message_id=str(i)))
+    ch.basic_publish("eai.dlx", "claim.dead", b"{}")
+    ch.basic_get("claim.in", auto_ack=False)  # one unacked while status runs
+    r = cli(amqp_url, "mq", "status", "--json")
+    conn.close()
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["vhost"] == vhost(amqp_url)
+    assert doc["queues"]["claim.in"] == {"messages": 3, "unacked": 1}
+    assert doc["queues"]["claim.dead"] == {"messages": 1, "unacked": 0}
+    broker = json.loads(ctl("status", "--formatter", "json"))
+    assert doc["memory"]["limit_bytes"] == broker["vm_memory_high_watermark_limit"]
+    human = cli(amqp_url, "mq", "status")
+    assert human.returncode == 0 and "claim.dead" in human.stdout and "watermark" in human.stdout
+
+
+def test_status_without_rabbitmqctl_is_a_clear_error(amqp_url: str, tmp_path: Path) -> None:
+    # PATH holds only an empty folder; the CLI itself starts from sys.executable.
+    r = cli(amqp_url, "mq", "status", PATH=str(tmp_path))
+    assert r.returncode == 3, r.stderr
+    assert "rabbitmqctl" in r.stderr and len(r.stderr.strip().splitlines()) == 1

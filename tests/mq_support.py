@@ -1,0 +1,163 @@
+"""Helpers for the RabbitMQ tests: the real broker, the real stub, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from support import SAMPLE, free_port, run_cli
+
+CLAIMS = SAMPLE / "claims"
+
+
+def vhost(url: str) -> str:
+    return unquote(urlsplit(url).path[1:]) or "/"
+
+
+def ctl(*args: str) -> str:
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout
+
+
+def queues(url: str) -> dict[str, tuple[int, int]]:
+    """{queue: (messages ready+unacked, unacked)} read from the broker itself."""
+    out = ctl(
+        "list_queues", "-p", vhost(url), "name", "messages", "messages_unacknowledged",
+        "--formatter", "json",
+    )  # fmt: skip
+    return {
+        r["name"]: (int(r["messages"]), int(r["messages_unacknowledged"]))
+        for r in json.loads(out or "[]")
+    }
+
+
+def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, env={"EAI_AMQP_URL": url, **env}, timeout=120)
+
+
+def topology(url: str) -> None:
+    r = cli(url, "mq", "topology")
+    assert r.returncode == 0, r.stderr
+
+
+def publish(url: str, *files: Path) -> None:
+    r = cli(url, "mq", "publish", *map(str, files))
+    assert r.returncode == 0, r.stderr
+
+
+def claim_doc(guid: str, claim_id: str | None = None, docs: list[str] | None = None) -> dict:
+    return {
+        "guid": guid,
+        "claimId": claim_id or f"CL-{guid}",
+        "amount": 1000,
+        "docs": ["receipt.pdf"] if docs is None else docs,
+    }
+
+
+def write_claims(folder: Path, docs: list[dict[str, Any]]) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, doc in enumerate(docs):
+        p = folder / f"c{i:05d}.json"
+        p.write_text(json.dumps(doc))
+        paths.append(p)
+    return paths
+
+
+def get_all(url: str, queue: str) -> list[tuple[Any, Any, bytes]]:
+    """basic_get every message of `queue` (then requeue them): (method, properties, body)."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        out = []
+        while True:
+            method, props, body = ch.basic_get(queue, auto_ack=False)
+            if method is None:
+                break
+            out.append((method, props, body))
+        return out  # closing the connection returns the unacked messages
+    finally:
+        conn.close()
+
+
+class Partner:
+    """The claim-system stub as a real subprocess (`python -m onceq partner claim`)."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "onceq", "partner", "claim", "--port", str(self.port),
+             "--delay", str(delay)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        assert f"http://127.0.0.1:{self.port}" in line, (line, self.proc.stderr.read())  # type: ignore[union-attr]
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=10)
+
+
+@contextmanager
+def partner(delay: float = 0.0) -> Iterator[Partner]:
+    p = Partner(delay)
+    try:
+        yield p
+    finally:
+        if p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait()
+
+
+def consume(url: str, claim: str, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`onceq mq consume … --json` to completion; returns the process (stdout is JSON)."""
+    return cli(url, "mq", "consume", "--claim", claim, "--db", str(db), "--json", *args)
+
+
+def start_consumer(url: str, claim: str, db: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, "--db", str(db),
+         "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "EAI_AMQP_URL": url},
+    )  # fmt: skip
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(step)
+
+
+def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
