@@ -6,20 +6,31 @@ one consume loop (`onceq.consumer.Consumer`): a directory queue (`onceq.dirq`) a
 RabbitMQ (`onceq.amqp`).
 """
 
-from onceq.consumer import Consumer, Outcome, Stats
-from onceq.errors import OnceqError
-from onceq.ledger import Ledger
-from onceq.transport import Delivery, Kind, Settle, decide
+from __future__ import annotations
 
-__all__ = [
-    "Consumer",
-    "Delivery",
-    "Kind",
-    "Ledger",
-    "OnceqError",
-    "Outcome",
-    "Settle",
-    "Stats",
-    "decide",
-]
+import importlib
+from typing import Any
+
+from onceq.errors import OnceqError
+
+# Imported on first use: `onceq dirq lag` and `--help` must start without sqlite3
+# and asyncio, since a short command's time is mostly start-up.
+_LAZY = {
+    "Consumer": "onceq.consumer",
+    "Outcome": "onceq.consumer",
+    "Stats": "onceq.consumer",
+    "Ledger": "onceq.ledger",
+    "Delivery": "onceq.transport",
+    "Kind": "onceq.transport",
+    "Settle": "onceq.transport",
+    "decide": "onceq.transport",
+}
+
+__all__ = ["OnceqError", *_LAZY]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'onceq' has no attribute {name!r}")

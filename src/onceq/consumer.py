@@ -130,9 +130,11 @@ class Consumer:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Event] = {}
+        self._failure: BaseException | None = None
 
     async def run(self) -> Stats:
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
+        committer.add_done_callback(self._stop_on_error)
         tasks: set[asyncio.Task[None]] = set()
         try:
             async for delivery in self.transport.deliveries():
@@ -141,9 +143,19 @@ class Consumer:
                     self._slots.release()
                     break
                 self.stats.received += 1
+                if self.handler is no_effect:
+                    # The ledger row is the whole effect: there is no call to wait for
+                    # and no partner to protect from two copies at once, so the entry
+                    # goes straight to the committer (no task, no events). The primary
+                    # key in the commit still tells a second copy from the first, also
+                    # two copies inside one group; the slot is freed after the settle.
+                    entry = self._entry(delivery, self.decode(delivery))
+                    self._pending.put_nowait((entry, None))
+                    continue
                 t = asyncio.create_task(self._handle(delivery))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
+                t.add_done_callback(self._stop_on_error)
             # Wait for the handlers, but wake at once if the committer dies (ledger error).
             while tasks:
                 done, _ = await asyncio.wait(
@@ -152,12 +164,25 @@ class Consumer:
                 for t in done:
                     if not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
+            if self._failure is not None:  # a handler task failed and is gone from `tasks`
+                raise self._failure
             self._pending.put_nowait(_STOP)
             await committer
         finally:
             for t in (*tasks, committer):
                 t.cancel()
         return self.stats
+
+    def _stop_on_error(self, task: asyncio.Task[None]) -> None:
+        """A failed handler task or committer ends the receiving at once.
+
+        Otherwise a transport that waits for its outstanding deliveries to settle
+        (or for new messages) would wait forever; the failure is raised by `run`.
+        """
+        if not task.cancelled() and task.exception() is not None:
+            if self._failure is None:
+                self._failure = task.exception()
+            self.transport.stop()
 
     async def _handle(self, d: Delivery) -> None:
         guard: asyncio.Event | None = None
@@ -206,25 +231,44 @@ class Consumer:
         return Entry(d, o.kind, settle, o.reason, o.detail, attempt, o.fields)
 
     async def _commit_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = await self._pending.get()
-            if first is _STOP:
-                return
-            jobs: list[tuple[Entry, asyncio.Event]] = [first]
-            while len(jobs) < self.max_group and not self._pending.empty():
-                item = self._pending.get_nowait()
-                if item is _STOP:
-                    stopping = True
+        # While group N is being settled (files moved, acks sent), group N+1 is
+        # committed: the two overlap, but each group settles only after its own
+        # commit, and groups settle in commit order.
+        settling: asyncio.Task[None] | None = None
+        try:
+            stopping = False
+            while not stopping:
+                first = await self._pending.get()
+                if first is _STOP:
                     break
-                jobs.append(item)
-            group = [e for e, _ in jobs]
-            # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
-            await asyncio.to_thread(self.ledger.commit, group)
-            # Settle only now: the records are durable.
-            await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
-            for e, done in jobs:
-                self.stats.add(e)
+                jobs: list[tuple[Entry, asyncio.Event | None]] = [first]
+                while len(jobs) < self.max_group and not self._pending.empty():
+                    item = self._pending.get_nowait()
+                    if item is _STOP:
+                        stopping = True
+                        break
+                    jobs.append(item)
+                group = [e for e, _ in jobs]
+                # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
+                await asyncio.to_thread(self.ledger.commit, group)
+                if settling is not None:
+                    await settling
+                # Settle only now: the records are durable.
+                settling = asyncio.create_task(self._settle(jobs))
+            if settling is not None:
+                await settling
+        finally:
+            if settling is not None and not settling.done():
+                settling.cancel()
+
+    async def _settle(self, jobs: list[tuple[Entry, asyncio.Event | None]]) -> None:
+        group = [e for e, _ in jobs]
+        await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
+        for e, done in jobs:
+            self.stats.add(e)
+            if done is None:
+                self._slots.release()  # an entry that came without a task
+            else:
                 done.set()
-            if self.on_settled is not None:
-                self.on_settled(group)
+        if self.on_settled is not None:
+            self.on_settled(group)

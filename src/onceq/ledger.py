@@ -62,6 +62,10 @@ CREATE TABLE IF NOT EXISTS replays (
 BUSY_TIMEOUT_MS = 120_000
 
 
+def _deny_attach(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
+
+
 def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -170,6 +174,9 @@ class Ledger:
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read-only query (order checks); returns (columns, rows)."""
         try:
+            # query_only refuses writes to this database; the authorizer also refuses
+            # ATTACH, through which a query could create or write another file.
+            self._read.set_authorizer(_deny_attach)
             self._read.execute("PRAGMA query_only=ON")
             cur = self._read.execute(sql)
             cols = [c[0] for c in cur.description or ()]
@@ -177,6 +184,7 @@ class Ledger:
         except sqlite3.Error as exc:
             raise LedgerError(f"{self.path}: query failed: {exc}") from exc
         finally:
+            self._read.set_authorizer(None)
             self._read.execute("PRAGMA query_only=OFF")
 
     def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -212,8 +220,9 @@ class Ledger:
         SUCCESS inserts the `processed` row with ON CONFLICT DO NOTHING; no row back
         means another copy got there first, and the entry becomes a DUPLICATE (or
         `recovered`, when the row names this very copy). A business write that the
-        database refuses is rolled back to its savepoint and that entry alone is
-        rejected; the rest of the group commits.
+        database refuses is undone alone and that entry is rejected; the rest of the
+        group commits. A failure that a crashed run already recorded for this very
+        copy is not recorded twice (`recovered`).
         """
         now = utcnow()
         with self._transaction() as conn:
@@ -223,6 +232,9 @@ class Ledger:
                 if e.kind is Kind.DUPLICATE:
                     self._record_duplicate(conn, e, now)
                 elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
+                    if self._failure_recorded(conn, e):
+                        e.recovered = True
+                        continue
                     conn.execute(
                         "INSERT INTO failures (msg_id, ref, source, reason, detail, attempt,"
                         " action, at) VALUES (?,?,?,?,?,?,?,?)",
@@ -240,7 +252,11 @@ class Ledger:
 
     def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
         f = e.fields
-        conn.execute("SAVEPOINT one")
+        # No SAVEPOINT around the insert (it cost two statements per message): when a
+        # statement breaks a constraint, SQLite undoes that statement alone and keeps
+        # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
+        # would give. An error that ends the whole transaction (disk full, I/O) is
+        # re-raised: the group fails as one and its files stay for the next run.
         try:
             row = conn.execute(
                 "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
@@ -255,16 +271,35 @@ class Ledger:
                     e.delivery.ref,
                 ),
             ).fetchone()
-            conn.execute("RELEASE one")
         except sqlite3.Error as exc:
-            conn.execute("ROLLBACK TO one")
-            conn.execute("RELEASE one")
+            if not conn.in_transaction:
+                raise
             e.kind, e.settle = Kind.REJECTED, Settle.DEAD
             e.reason, e.detail = "ledger-refused", str(exc)
             return
         if row is None:  # the primary key refused a second copy
             e.kind = Kind.DUPLICATE
             e.settle = Settle.ACK
+
+    def _failure_recorded(self, conn: sqlite3.Connection, e: Entry) -> bool:
+        """Did a crashed run already record this very copy's failure?
+
+        Only a redelivered copy with a stable ref can tell (a file taken over from a
+        dead consumer): if its newest failure row is newer than its newest replay,
+        the crash fell between that commit and the move to error/, and only the
+        move is left to do. Without this, every such crash would add a failure row.
+        """
+        d = e.delivery
+        if not (d.redelivered and d.stable_ref):
+            return False
+        row = conn.execute(
+            "SELECT max(at) FROM failures WHERE ref = ? AND source = ? AND action = 'dead'",
+            (d.ref, self.source),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return False
+        replayed = conn.execute("SELECT max(at) FROM replays WHERE ref = ?", (d.ref,)).fetchone()
+        return replayed is None or replayed[0] is None or replayed[0] < row[0]
 
     def _record_duplicate(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
         row = conn.execute(

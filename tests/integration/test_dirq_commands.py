@@ -333,10 +333,6 @@ def test_lag_does_not_import_rich(tmp_path: Path) -> None:
     assert "rich" not in imported
 
 
-@pytest.mark.xfail(
-    reason="onceq/__init__.py imports onceq.ledger (sqlite3) eagerly; needs a lazy __init__",
-    strict=True,
-)
 def test_lag_does_not_import_sqlite(tmp_path: Path) -> None:
     q = _lag_queue(tmp_path)
     assert "sqlite3" not in _imported_modules("dirq", "lag", str(q), "9")

@@ -26,8 +26,11 @@ def lab() -> None:
 
 @lab.command()
 @click.option("--root", type=ROOT, required=True, help="R: the exercise lives in R/q.")
-@click.option("--fixtures", type=click.Path(path_type=Path, file_okay=False),
-              help="Folder of *.json to queue (default: the built-in sample).")
+@click.option(
+    "--fixtures",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder of *.json to queue (default: the built-in sample).",
+)
 @click.option("--no-run", is_flag=True, help="Write the layout and scripts; do not consume.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def fileq(root: Path, fixtures: Path | None, no_run: bool, as_json: bool) -> None:

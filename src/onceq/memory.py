@@ -1,0 +1,62 @@
+"""An in-memory transport with broker semantics, for testing the loop without a server.
+
+It behaves like a single queue with manual acks: a requeued delivery comes back
+with `redelivered=True`; a dead one goes to `dead`; an acked one to `acked`.
+`deliveries()` ends when the queue is empty and nothing is outstanding (every
+delivery handed out has been settled), or when `stop()` is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import replace
+
+from onceq.transport import Delivery, Settle
+
+
+class MemoryTransport:
+    def __init__(self, deliveries: Iterable[Delivery] = ()) -> None:
+        self.queue: deque[Delivery] = deque(deliveries)
+        self.acked: list[Delivery] = []
+        self.dead: list[tuple[Delivery, str]] = []
+        self.requeued: list[Delivery] = []
+        self.settle_calls: list[int] = []  # group sizes, to see batching
+        self._outstanding = 0
+        self._stopped = False
+        self._changed = asyncio.Event()
+
+    def publish(self, body: bytes, msg_id: str | None = None, ref: str | None = None) -> None:
+        ref = ref or f"m{len(self.queue) + len(self.acked) + len(self.dead)}"
+        self.queue.append(Delivery(body=body, ref=ref, msg_id=msg_id))
+        self._changed.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._changed.set()
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        while not self._stopped:
+            if self.queue:
+                self._outstanding += 1
+                yield self.queue.popleft()
+                continue
+            if self._outstanding == 0:
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
+        self.settle_calls.append(len(group))
+        for d, settle, reason in group:
+            self._outstanding -= 1
+            if settle is Settle.ACK:
+                self.acked.append(d)
+            elif settle is Settle.DEAD:
+                self.dead.append((d, reason))
+            else:
+                self.requeued.append(d)
+                # Like a broker: the copy comes back, flagged as possibly seen before.
+                self.queue.append(replace(d, redelivered=True))
+        self._changed.set()

@@ -1,0 +1,35 @@
+"""The settle table, cell by cell (DESIGN.md: RabbitMQ settle table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from onceq.transport import Kind, Settle, decide
+
+
+@pytest.mark.parametrize(
+    ("kind", "redelivered", "attempt", "expected"),
+    [
+        (Kind.SUCCESS, False, 1, Settle.ACK),
+        (Kind.SUCCESS, True, 2, Settle.ACK),
+        (Kind.DUPLICATE, False, 1, Settle.ACK),
+        (Kind.DUPLICATE, True, 1, Settle.ACK),
+        (Kind.REJECTED, False, 1, Settle.DEAD),
+        (Kind.REJECTED, True, 1, Settle.DEAD),
+        (Kind.TRANSIENT, False, 1, Settle.REQUEUE),
+        (Kind.TRANSIENT, True, 1, Settle.DEAD),
+        # the flag was lost (e.g. a republished copy) but the ledger counted a failure
+        (Kind.TRANSIENT, False, 2, Settle.DEAD),
+    ],
+)
+def test_settle_table(kind: Kind, redelivered: bool, attempt: int, expected: Settle) -> None:
+    assert decide(kind, redelivered, attempt) is expected
+
+
+def test_a_queue_without_redelivery_quarantines_transients_at_once() -> None:
+    assert decide(Kind.TRANSIENT, False, 1, max_attempts=1) is Settle.DEAD
+
+
+def test_more_attempts_can_be_allowed_without_touching_the_loop() -> None:
+    assert decide(Kind.TRANSIENT, False, 2, max_attempts=3) is Settle.REQUEUE
+    assert decide(Kind.TRANSIENT, False, 3, max_attempts=3) is Settle.DEAD
