@@ -1,0 +1,192 @@
+"""`onceq mq consume` as a real process against the real broker and the real stub."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mq_support import (
+    CLAIMS,
+    claim_doc,
+    consume,
+    get_all,
+    partner,
+    publish,
+    queues,
+    rows,
+    start_consumer,
+    topology,
+    write_claims,
+)
+
+pytestmark = pytest.mark.broker
+
+GUID = {p.stem: json.loads(p.read_bytes())["guid"] for p in CLAIMS.glob("*.json")}
+NODOCS, BUSY, RESENT = GUID["claim-007-nodocs"], GUID["claim-008-busy"], GUID["claim-002"]
+
+
+def test_sample_run_follows_the_settle_table(amqp_url: str, tmp_path: Path) -> None:
+    topology(amqp_url)
+    publish(amqp_url, *sorted(CLAIMS.glob("*.json")))
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        r = consume(amqp_url, p.url, db, "--max-seconds", "3")
+        stats = p.stats()
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+
+    # 422 → exactly one call, dead at once, reason recorded.
+    assert stats["by_guid"][NODOCS] == 1
+    assert rows(db, "SELECT reason, attempt, action FROM failures WHERE msg_id=?", NODOCS) == [
+        ("http-422", 1, "dead")
+    ]
+    # BUSY (503) → requeued once, called twice, then dead with attempt 2.
+    assert stats["by_guid"][BUSY] == 2
+    assert rows(
+        db, "SELECT reason, attempt, action FROM failures WHERE msg_id=? ORDER BY id", BUSY
+    ) == [("http-503", 1, "requeue"), ("http-503", 2, "dead")]
+    # The re-sent copy of claim-002 → one call, one processed row, one duplicate sighting.
+    assert stats["by_guid"][RESENT] == 1
+    assert rows(db, "SELECT count(*) FROM duplicates WHERE msg_id=?", RESENT) == [(1,)]
+    # Every normal claim once; the ledger holds exactly the six accepted claims.
+    normal = {GUID[f"claim-00{i}"] for i in range(1, 7)}
+    assert all(stats["by_guid"][g] == 1 for g in normal)
+    assert {r[0] for r in rows(db, "SELECT msg_id FROM processed WHERE source='amqp'")} == normal
+    # Broker side: claim.in drained and acked; the two dead letters sit in claim.dead.
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (2, 0)}
+    dead = {
+        props.message_id: props.headers["x-death"][0]
+        for _, props, _ in get_all(amqp_url, "claim.dead")
+    }
+    assert set(dead) == {NODOCS, BUSY}
+    assert all(d["reason"] == "rejected" and d["queue"] == "claim.in" for d in dead.values())
+    # The summary says the same.
+    assert summary["processed"] == 6 and summary["duplicates"] == 1
+    assert summary["dead"] == 2 and summary["requeued"] == 1
+    assert summary["reasons"] == {"http-422": 1, "http-503": 2}
+
+
+def test_restarted_consumer_does_not_call_again_for_processed_ids(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    topology(amqp_url)
+    files = write_claims(tmp_path / "c", [claim_doc(f"r-{i}") for i in range(5)])
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        publish(amqp_url, *files)
+        assert consume(amqp_url, p.url, db, "--max-seconds", "2").returncode == 0
+        assert p.stats()["total"] == 5
+        publish(amqp_url, *files)  # the producer sends them all again
+        second = consume(amqp_url, p.url, db, "--max-seconds", "2")
+        assert second.returncode == 0, second.stderr
+        assert p.stats()["total"] == 5  # no new call
+    summary = json.loads(second.stdout)
+    assert summary["duplicates"] == 5 and summary["processed"] == 0
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_db_defaults_to_eai_mq_db(amqp_url: str, tmp_path: Path) -> None:
+    from mq_support import cli
+
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("e-1")]))
+    db = tmp_path / "env.db"
+    with partner() as p:
+        r = cli(amqp_url, "mq", "consume", "--claim", p.url, "--max-seconds", "1.5",
+                "--json", EAI_MQ_DB=str(db))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert rows(db, "SELECT msg_id FROM processed") == [("e-1",)]
+
+
+def test_in_flight_duplicates_call_the_claim_system_once(amqp_url: str, tmp_path: Path) -> None:
+    """Two copies back to back reach the consumer together (prefetch 5, slow stub)."""
+    topology(amqp_url)
+    files = write_claims(tmp_path / "c", [claim_doc("twin"), claim_doc("twin")])
+    publish(amqp_url, *files)
+    db = tmp_path / "processed.db"
+    with partner(delay=0.5) as p:
+        r = consume(amqp_url, p.url, db, "--max-seconds", "2.5", "--prefetch", "5")
+        stats = p.stats()
+    assert r.returncode == 0, r.stderr
+    assert stats["by_guid"] == {"twin": 1}
+    assert json.loads(r.stdout)["duplicates"] == 1
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_prefetch_bounds_unacked_and_is_used_concurrently(amqp_url: str, tmp_path: Path) -> None:
+    from mq_support import vhost
+
+    prefetch, n = 5, 40
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"p-{i}") for i in range(n)]))
+    db = tmp_path / "processed.db"
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # the broker's own count, as an operator would read it
+        import subprocess
+
+        while not stop.is_set():
+            out = subprocess.run(
+                ["rabbitmqctl", "-q", "list_queues", "-p", vhost(amqp_url), "name",
+                 "messages_unacknowledged", "--formatter", "json"],
+                capture_output=True, text=True, check=False,
+            ).stdout  # fmt: skip
+            for q in json.loads(out or "[]"):
+                if q["name"] == "claim.in":
+                    seen.append(int(q["messages_unacknowledged"]))
+
+    with partner(delay=0.5) as p:
+        proc = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            deadline = time.monotonic() + 15
+            while p.stats()["total"] < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            poller.join()
+            proc.terminate()
+            _, err = proc.communicate(timeout=15)
+        stats = p.stats()
+    assert proc.returncode == 0, err
+    assert stats["total"] == n
+    assert seen, "rabbitmqctl never answered"
+    assert max(seen) <= prefetch, seen
+    assert prefetch in seen, seen  # the bound is reached: deliveries really overlap
+    assert stats["peak_in_flight"] == prefetch
+
+
+@pytest.mark.parametrize(
+    ("stub_delay", "reason"),
+    [(None, "connect-error"), (2.0, "timeout")],
+)
+def test_transient_transport_failures_retry_once_then_dead(
+    amqp_url: str, tmp_path: Path, stub_delay: float | None, reason: str
+) -> None:
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("t-1")]))
+    db = tmp_path / "processed.db"
+    if stub_delay is None:
+        from support import free_port
+
+        r = consume(amqp_url, f"http://127.0.0.1:{free_port()}", db, "--max-seconds", "2")
+    else:
+        with partner(delay=stub_delay) as p:
+            r = consume(amqp_url, p.url, db, "--max-seconds", "2.5", "--timeout", "0.5")
+            assert p.stats()["by_guid"] == {"t-1": 2}
+    assert r.returncode == 0, r.stderr
+    got = rows(db, "SELECT reason, attempt, action FROM failures ORDER BY id")
+    assert got == [(reason, 1, "requeue"), (reason, 2, "dead")]
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (1, 0)}
+
+
+def test_missing_queue_is_not_found(amqp_url: str, tmp_path: Path) -> None:
+    r = consume(amqp_url, "http://127.0.0.1:9", tmp_path / "db", "--max-seconds", "1")
+    assert r.returncode == 3, r.stderr
+    assert "claim.in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
