@@ -108,11 +108,17 @@ def test_conflicting_exchange_type_exits_4(amqp_url: str) -> None:
         "amqp://guest:s3cretPassw0rd@127.0.0.1:1/%2F",  # nothing listens there
     ],
 )
-def test_broker_unavailable_is_one_line_without_the_password(url: str, amqp_url: str) -> None:
+def test_broker_unavailable_is_one_line_without_the_password(
+    url: str, amqp_url: str, tmp_path: Path
+) -> None:
+    claim = tmp_path / "c.json"
+    claim.write_text('{"guid": "g-1", "docs": ["a"]}')
     for args in (
         ("mq", "topology"),
-        ("mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "1"),
-    ):
+        ("mq", "publish", str(claim)),
+        ("mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "1", "--db",
+         str(tmp_path / "db")),
+    ):  # fmt: skip
         r = cli(url, *args)
         assert r.returncode == 7, (args, r.stderr)
         assert "s3cretPassw0rd" not in r.stdout + r.stderr
