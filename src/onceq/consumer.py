@@ -23,6 +23,7 @@ one settle, but no settle ever precedes the commit of its own record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -138,7 +139,8 @@ class Consumer:
         tasks: set[asyncio.Task[None]] = set()
         try:
             async for delivery in self.transport.deliveries():
-                await self._slots.acquire()
+                if not await self._acquire_slot(committer):
+                    break  # the committer ended (a ledger error): stop taking work
                 if committer.done():  # the ledger failed: stop taking work
                     self._slots.release()
                     break
@@ -183,6 +185,24 @@ class Consumer:
             if self._failure is None:
                 self._failure = task.exception()
             self.transport.stop()
+
+    async def _acquire_slot(self, committer: asyncio.Task[None]) -> bool:
+        """Take a free slot (True), or give up when the committer has ended (False).
+
+        Slots come back only from the committer; if it died (a ledger error) while
+        every slot was taken, a plain acquire would wait forever instead of letting
+        the run stop and report the error.
+        """
+        if not self._slots.locked():
+            await self._slots.acquire()
+            return True
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        await asyncio.wait([acquire, committer], return_when=asyncio.FIRST_COMPLETED)
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquire
+        return not acquire.cancelled()
 
     async def _handle(self, d: Delivery) -> None:
         guard: asyncio.Event | None = None
@@ -231,44 +251,28 @@ class Consumer:
         return Entry(d, o.kind, settle, o.reason, o.detail, attempt, o.fields)
 
     async def _commit_loop(self) -> None:
-        # While group N is being settled (files moved, acks sent), group N+1 is
-        # committed: the two overlap, but each group settles only after its own
-        # commit, and groups settle in commit order.
-        settling: asyncio.Task[None] | None = None
-        try:
-            stopping = False
-            while not stopping:
-                first = await self._pending.get()
-                if first is _STOP:
+        stopping = False
+        while not stopping:
+            first = await self._pending.get()
+            if first is _STOP:
+                return
+            jobs: list[tuple[Entry, asyncio.Event | None]] = [first]
+            while len(jobs) < self.max_group and not self._pending.empty():
+                item = self._pending.get_nowait()
+                if item is _STOP:
+                    stopping = True
                     break
-                jobs: list[tuple[Entry, asyncio.Event | None]] = [first]
-                while len(jobs) < self.max_group and not self._pending.empty():
-                    item = self._pending.get_nowait()
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    jobs.append(item)
-                group = [e for e, _ in jobs]
-                # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
-                await asyncio.to_thread(self.ledger.commit, group)
-                if settling is not None:
-                    await settling
-                # Settle only now: the records are durable.
-                settling = asyncio.create_task(self._settle(jobs))
-            if settling is not None:
-                await settling
-        finally:
-            if settling is not None and not settling.done():
-                settling.cancel()
-
-    async def _settle(self, jobs: list[tuple[Entry, asyncio.Event | None]]) -> None:
-        group = [e for e, _ in jobs]
-        await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
-        for e, done in jobs:
-            self.stats.add(e)
-            if done is None:
-                self._slots.release()  # an entry that came without a task
-            else:
-                done.set()
-        if self.on_settled is not None:
-            self.on_settled(group)
+                jobs.append(item)
+            group = [e for e, _ in jobs]
+            # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
+            await asyncio.to_thread(self.ledger.commit, group)
+            # Settle only now: the records are durable.
+            await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
+            for e, done in jobs:
+                self.stats.add(e)
+                if done is None:
+                    self._slots.release()  # an entry that came without a task
+                else:
+                    done.set()
+            if self.on_settled is not None:
+                self.on_settled(group)

@@ -19,10 +19,13 @@ and the folders a group touched are fsynced once per group, after the ledger com
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import secrets
+import stat
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from onceq.transport import Delivery, Settle
 
 FOLDERS = ("inbox", "processing", "done", "error")
 LOCK = ".lock"
+# A consumer creates its folder within microseconds; one this old was left by a kill.
+UNBORN_GRACE_S = 60.0
 
 
 def is_message_name(name: str) -> bool:
@@ -64,7 +69,7 @@ def write_atomic(folder: Path, name: str, data: bytes) -> Path:
     return folder / name
 
 
-def move_no_clobber(src: Path, dst: Path) -> Path:
+def move_no_clobber(src: str | Path, dst: str | Path) -> Path:
     """Move src to dst without ever replacing dst; returns where it went.
 
     rename(2) silently replaces its target, so a file goes by link + unlink. A
@@ -72,12 +77,10 @@ def move_no_clobber(src: Path, dst: Path) -> Path:
     finds dst identical and only drops src. A different file already at dst makes
     the move go to dst.1, dst.2 …: a queue never loses a message to a name clash.
     """
-    if src.is_dir() and not src.is_symlink():
-        target = _free_name(dst)
-        os.rename(src, target)  # our private processing folder: no race on target
-        return target
-    n = 0
-    target = dst
+    # Plain strings, and link(2) tried first with no stat before it: this runs once
+    # per message on the hot path, and link itself is the existence check.
+    src, dst = os.fspath(src), os.fspath(dst)
+    n, target = 0, dst
     while True:
         try:
             os.link(src, target, follow_symlinks=False)
@@ -86,20 +89,29 @@ def move_no_clobber(src: Path, dst: Path) -> Path:
             if _same_file(src, target):
                 break
             n += 1
-            target = dst.with_name(f"{dst.name}.{n}")
+            target = f"{dst}.{n}"
+        except PermissionError:
+            # link(2) refuses a directory (EPERM). A folder someone dropped in the
+            # queue moves whole, by rename to a name that is free: it sits in our
+            # private processing folder, so nobody races us for the source.
+            if os.path.islink(src) or not os.path.isdir(src):
+                raise
+            target = _free_name(dst)
+            os.rename(src, target)
+            return Path(target)
     os.unlink(src)
-    return target
+    return Path(target)
 
 
-def _free_name(dst: Path) -> Path:
+def _free_name(dst: str) -> str:
     n, target = 0, dst
     while os.path.lexists(target):
         n += 1
-        target = dst.with_name(f"{dst.name}.{n}")
+        target = f"{dst}.{n}"
     return target
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _same_file(a: str, b: str) -> bool:
     try:
         sa, sb = os.lstat(a), os.lstat(b)
     except FileNotFoundError:
@@ -225,6 +237,8 @@ class Worker:
         self.processing = queue.folder("processing")
         self.id = f"w-{os.getpid()}-{secrets.token_hex(3)}"
         self.dir = self.processing / self.id
+        self._dir = os.fspath(self.dir)  # str: the hot path builds paths by f-string
+        self._held: set[str] = set()  # names in our folder, claimed and not yet settled
         self._lock_fd: int | None = None
         self._stopped = False
         self._recovered: list[str] = []
@@ -278,14 +292,12 @@ class Worker:
         return taken
 
     def _take_over(self, dead: Path) -> list[str]:
+        if dead.name.startswith("."):
+            return self._sweep_unborn(dead)
         try:
             fd = os.open(dead / LOCK, os.O_RDWR)
         except (FileNotFoundError, NotADirectoryError):
-            # No lock file: a folder in the making (dot name) or a stray; leave the
-            # making ones to their owner and take nothing.
-            if dead.name.startswith("."):
-                return []
-            fd = None
+            fd = None  # a stray folder without a lock: nobody can own it
         try:
             if fd is not None:
                 try:
@@ -302,14 +314,38 @@ class Worker:
             if fd is not None:
                 os.close(fd)
 
-    def _claim(self, src: Path, name: str) -> bool:
+    def _sweep_unborn(self, unborn: Path) -> list[str]:
+        """Remove a folder whose consumer died while creating it; take nothing.
+
+        A dot folder never holds a message (claims go only to the renamed folder),
+        and its lock cannot tell a dead maker from a live one that has created the
+        lock file but not yet locked it. So only age decides here, and only for an
+        empty leftover; no message's fate ever depends on a clock.
+        """
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(unborn).st_mtime > UNBORN_GRACE_S:
+                fd = os.open(unborn / LOCK, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(unborn / LOCK)
+                    os.rmdir(unborn)
+                finally:
+                    os.close(fd)
+        return []
+
+    def _claim(self, src: str | Path, name: str) -> bool:
         """rename(2) src into our folder; False when another consumer won it."""
-        if os.path.lexists(self.dir / name):
-            return False  # a recovered file of the same name is still ours to finish
+        # rename would silently replace a file of the same name that we still hold
+        # (a recovered one, or one claimed earlier and not yet settled). Only this
+        # process writes into its folder, so the set in memory is exact, and it
+        # saves a stat per message.
+        if name in self._held:
+            return False
         try:
-            os.rename(src, self.dir / name)
+            os.rename(src, f"{self._dir}/{name}")
         except FileNotFoundError:
             return False
+        self._held.add(name)
         return True
 
     # --- Transport ------------------------------------------------------------------
@@ -320,46 +356,77 @@ class Worker:
     async def deliveries(self) -> AsyncIterator[Delivery]:
         """Recovered files first, then the inbox in name order until it is empty."""
         for name in self._recovered:
-            yield self._delivery(name)
+            # redelivered: this copy may have been handled (even committed) before.
+            yield self._delivery(name, redelivered=True)
         self._recovered = []
-        inbox = self.queue.folder("inbox")
+        inbox = os.fspath(self.queue.folder("inbox"))
         while not self._stopped:
             claimed = False
             for name in sorted(n for n in os.listdir(inbox) if is_message_name(n)):
                 if self._stopped:
                     break
-                if self._claim(inbox / name, name):
+                if self._claim(f"{inbox}/{name}", name):
                     claimed = True
                     yield self._delivery(name)
             if not claimed:
                 return
 
-    def _delivery(self, name: str) -> Delivery:
-        path = self.dir / name
-        st = os.lstat(path)
+    def _delivery(self, name: str, redelivered: bool = False) -> Delivery:
+        path = f"{self._dir}/{name}"
+        st = os.lstat(path)  # one stat says what it is; nothing below follows a link
         headers: dict[str, object] = {"kind": "file", "size": st.st_size}
         body = b""
-        if os.path.islink(path):
+        if stat.S_ISLNK(st.st_mode):
             headers["kind"] = "symlink"
-        elif os.path.isdir(path):
+        elif stat.S_ISDIR(st.st_mode):
             headers["kind"] = "folder"
+        elif not stat.S_ISREG(st.st_mode):
+            headers["kind"] = "special"  # a FIFO or device: opening it could block forever
         elif st.st_size <= self.max_bytes:
             # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                body = f.read(self.max_bytes + 1)
+            # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                # Read what the lstat promised plus one byte, up to the limit + 1: a
+                # file that grew past the limit meanwhile is seen as too large, and
+                # no buffer of max_bytes is allocated for a small message.
+                want = min(st.st_size, self.max_bytes) + 1
+                chunks = []
+                while want > 0 and (chunk := os.read(fd, want)):
+                    chunks.append(chunk)
+                    want -= len(chunk)
+            finally:
+                os.close(fd)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             headers["size"] = len(body)
-        return Delivery(body=body, ref=name, stable_ref=True, token=path, headers=headers)
+        return Delivery(
+            body=body,
+            ref=name,
+            redelivered=redelivered,
+            stable_ref=True,
+            token=path,
+            headers=headers,
+        )
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
         """Move each file to done/ or error/ (its record is durable), then fsync folders."""
-        done, error = self.queue.folder("done"), self.queue.folder("error")
-        touched: set[Path] = set()
+        # The moves are system calls that release the GIL: in a thread they run on
+        # the second core while the loop claims and reads the next group.
+        await asyncio.to_thread(self._move_group, group)
+
+    def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
+        done, error = os.fspath(self.queue.folder("done")), os.fspath(self.queue.folder("error"))
+        touched: set[str] = set()
         for d, settle, _reason in group:
             # The directory queue has no second delivery: anything not ACKed is
             # quarantined, never put back in the inbox (that would be a poison loop).
             dest = done if settle is Settle.ACK else error
-            move_no_clobber(d.token, dest / d.ref)
+            move_no_clobber(d.token, f"{dest}/{d.ref}")
+            # Forgotten only once gone from our folder: until then a claim of the
+            # same name must not rename over it.
+            self._held.discard(d.ref)
             touched.add(dest)
-        for folder in (*touched, self.dir):
+        # One fsync per folder per group, not per file: the links in done/ or error/
+        # and the unlinks from our folder are on disk before the next group starts.
+        for folder in (*touched, self._dir):
             fsync_dir(folder)
