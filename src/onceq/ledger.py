@@ -311,11 +311,15 @@ class Ledger:
             # move. It is finished work, not a duplicate.
             e.recovered = True
             return
-        conn.execute(
+        new = conn.execute(
             "INSERT INTO duplicates (msg_id, ref, seen_at) VALUES (?,?,?)"
-            " ON CONFLICT(msg_id, ref) DO NOTHING",
+            " ON CONFLICT(msg_id, ref) DO NOTHING RETURNING msg_id",
             (e.delivery.msg_id, e.delivery.ref, now),
-        )
+        ).fetchone()
+        if new is None and d.stable_ref and d.redelivered:
+            # This very copy (a file taken over from a dead consumer) was already
+            # recorded as a duplicate before the crash: only its move was left.
+            e.recovered = True
 
     def record_replay(self, ref: str) -> None:
         with self._transaction() as conn:
