@@ -74,21 +74,24 @@ class Kind(enum.Enum):
 def decide(kind: Kind, redelivered: bool, attempt: int = 1, max_attempts: int = 2) -> Settle:
     """The settle table in one place.
 
-    | kind       | first delivery   | redelivered / last attempt |
-    | SUCCESS    | ACK              | ACK                        |
-    | DUPLICATE  | ACK              | ACK                        |
-    | REJECTED   | DEAD             | DEAD                       |
-    | TRANSIENT  | REQUEUE          | DEAD                       |
+    | kind       | attempt < max_attempts | attempt == max_attempts (the retry) |
+    | SUCCESS    | ACK                    | ACK                                 |
+    | DUPLICATE  | ACK                    | ACK                                 |
+    | REJECTED   | DEAD                   | DEAD                                |
+    | TRANSIENT  | REQUEUE                | DEAD                                |
 
-    A transient failure is retried once: the broker's `redelivered` flag says the
-    message may have been delivered before, and `attempt` (counted durably in the
-    ledger) catches a copy whose flag was lost. Requeueing without a bound would let
-    one message circulate forever in front of everything else.
+    A transient failure is retried once: requeueing without a bound would let one
+    message circulate forever in front of everything else. `attempt` is counted
+    durably in the ledger (failures recorded for this msg_id, plus this one), so
+    "failed again" means exactly that. The broker's `redelivered` flag only says
+    "may have been delivered before": it is also set on copies returned by a
+    graceful stop or a dropped connection that were never tried, and deciding on
+    it would dead-letter such a copy on its first real failure. It is kept in
+    the signature (and recorded) so a rule that wants it can grow here.
     """
+    del redelivered  # see above: the durable attempt count is the truthful signal
     if kind in (Kind.SUCCESS, Kind.DUPLICATE):
         return Settle.ACK
     if kind is Kind.REJECTED:
         return Settle.DEAD
-    if redelivered or attempt >= max_attempts:
-        return Settle.DEAD
-    return Settle.REQUEUE
+    return Settle.DEAD if attempt >= max_attempts else Settle.REQUEUE

@@ -17,9 +17,12 @@ from onceq.transport import Kind, Settle, decide
         (Kind.REJECTED, False, 1, Settle.DEAD),
         (Kind.REJECTED, True, 1, Settle.DEAD),
         (Kind.TRANSIENT, False, 1, Settle.REQUEUE),
-        (Kind.TRANSIENT, True, 1, Settle.DEAD),
-        # the flag was lost (e.g. a republished copy) but the ledger counted a failure
+        # failed once before (the ledger counted it): dead, with or without the flag
+        (Kind.TRANSIENT, True, 2, Settle.DEAD),
         (Kind.TRANSIENT, False, 2, Settle.DEAD),
+        # flagged redelivered but never tried (returned by a stop or a dropped
+        # connection): its first real failure still gets its one retry
+        (Kind.TRANSIENT, True, 1, Settle.REQUEUE),
     ],
 )
 def test_settle_table(kind: Kind, redelivered: bool, attempt: int, expected: Settle) -> None:
