@@ -1,0 +1,402 @@
+"""Shared helpers for the RabbitMQ benchmarks (bench/mq_*.py, bench/stub_latency.py).
+
+Every benchmark runs in a vhost of its own that it creates and deletes
+(`temp_vhost`), against the claim-system stub started exactly as a user starts it
+(`python -m onceq partner claim`, `stub`), and drives onceq through its CLI or
+its library, never through private helpers.
+
+Figures come from evidence the run leaves behind, not from the consumer's own
+word: the ledger's `processed_at` column (one timestamp per commit), the stub's
+/_stats (calls answered) and the broker's queue depth (rabbitmqctl).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+BROKER = (HOST, 5672)
+RABBITMQCTL_TIMEOUT = 60
+
+
+# --- the machine ----------------------------------------------------------------------
+
+
+def rabbitmqctl(*args: str) -> str:
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=RABBITMQCTL_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.exit(f"bench: rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def broker_version() -> str:
+    try:
+        doc = json.loads(rabbitmqctl("status", "--formatter", "json"))
+    except (json.JSONDecodeError, OSError):
+        return "RabbitMQ ?"
+    return f"RabbitMQ {doc.get('rabbitmq_version', '?')}"
+
+
+def machine() -> str:
+    """One line naming what the figures were measured on."""
+    return (
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; python {platform.python_version()},"
+        f" {os.cpu_count()} cpu(s) {platform.machine()}, {broker_version()} on"
+        f" {BROKER[0]}:{BROKER[1]} (loopback); load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+def require_broker() -> None:
+    try:
+        socket.create_connection(BROKER, timeout=2).close()
+    except OSError:
+        sys.exit(f"bench: RabbitMQ does not answer on {BROKER[0]}:{BROKER[1]}")
+
+
+# --- a vhost of our own -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vhost:
+    name: str
+    url: str
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "EAI_AMQP_URL": self.url}
+
+
+@contextlib.contextmanager
+def temp_vhost(label: str) -> Iterator[Vhost]:
+    """A fresh vhost (guest may do everything in it), deleted with its queues afterwards."""
+    require_broker()
+    name = f"onceq-bench-{label}-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    try:
+        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield Vhost(name, f"amqp://guest:guest@{BROKER[0]}:{BROKER[1]}/{name}")
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+def onceq(*args: str, vhost: Vhost, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `python -m onceq ARGS` as a user would; exits the bench if it fails."""
+    done = subprocess.run(
+        [sys.executable, "-m", "onceq", *args],
+        capture_output=True,
+        text=True,
+        env=vhost.env(),
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.exit(f"bench: onceq {' '.join(args[:2])} exited {done.returncode}: {done.stderr}")
+    return done
+
+
+def topology(vhost: Vhost) -> None:
+    onceq("mq", "topology", vhost=vhost)
+
+
+def depth(vhost: Vhost, queue: str = "claim.in") -> tuple[int, int]:
+    """(ready, unacked) of a queue, as the broker reports it."""
+    out = rabbitmqctl(
+        "list_queues", "-p", vhost.name, "name", "messages_ready",
+        "messages_unacknowledged", "--formatter", "json",
+    )  # fmt: skip
+    for row in json.loads(out or "[]"):
+        if row["name"] == queue:
+            return int(row["messages_ready"]), int(row["messages_unacknowledged"])
+    sys.exit(f"bench: queue {queue} missing in vhost {vhost.name}")
+
+
+def purge(vhost: Vhost, queue: str = "claim.in") -> None:
+    rabbitmqctl("purge_queue", "-p", vhost.name, queue)
+
+
+# --- claims -----------------------------------------------------------------------------
+
+
+def write_claims(folder: Path, n: int, tag: str = "c") -> list[Path]:
+    """n claim files shaped like the sample ones (about 300 bytes), each with its own guid."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        doc = {
+            "guid": str(uuid.uuid4()),
+            "claimId": f"CL-{tag}-{i:06d}",
+            "policyNo": f"P-{88000 + i % 997}",
+            "insured": "Sato Hanako",
+            "amount": 1000 + i,
+            "currency": "JPY",
+            "docs": ["receipt.pdf", "diagnosis.pdf"],
+            "submittedAt": "2026-11-01T09:01:00Z",
+        }
+        p = folder / f"claim-{tag}-{i:06d}.json"
+        p.write_text(json.dumps(doc, indent=2))
+        paths.append(p)
+    return paths
+
+
+def publish(vhost: Vhost, paths: list[Path]) -> None:
+    """Queue the claims through onceq's publisher (set-up, not measured)."""
+    from onceq.amqp.publisher import load_claims
+    from onceq.amqp.publisher import publish as do_publish
+
+    report = asyncio.run(do_publish(vhost.url, load_claims(paths)))
+    if report.published != len(paths):
+        sys.exit(f"bench: set-up published {report.published} of {len(paths)}")
+
+
+# --- the claim-system stub ----------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def stub(delay: float) -> Iterator[str]:
+    """`python -m onceq partner claim --port P --delay D` on a free port; yields its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceq", "partner", "claim", "--port", str(port),
+         "--delay", str(delay)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "claim system stub listening on http://…"
+        if "listening" not in line:
+            proc.kill()
+            sys.exit(
+                f"bench: stub did not start: {line}{proc.stderr.read() if proc.stderr else ''}"
+            )
+        yield f"http://{HOST}:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stub_stats(base: str) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(f"{base}/_stats", trust_env=False).json()
+
+
+def stub_reset(base: str) -> None:
+    import httpx
+
+    httpx.post(f"{base}/_reset", trust_env=False).raise_for_status()
+
+
+@dataclass(frozen=True)
+class Probe:
+    requests: int
+    concurrency: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, p: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
+def probe(base: str, n: int, concurrency: int, client: str = "aiohttp") -> Probe:
+    """n POSTs of a sample claim with `concurrency` in flight; no broker involved.
+
+    client "aiohttp" (the cheapest asyncio client here: it measures the stub) or
+    "httpx" (httpx.AsyncClient, what onceq's ClaimHandler uses).
+    """
+    body = json.dumps({"guid": "probe", "claimId": "CL-probe", "docs": ["a.pdf"]}).encode()
+    headers = {"Content-Type": "application/json"}
+    url = f"{base}/v1/claims"
+
+    async def run() -> Probe:
+        lat: list[float] = []
+        todo = iter(range(n))
+
+        async def drive(post: Callable[[], Any]) -> Probe:
+            async def worker() -> None:
+                for _ in todo:
+                    t = time.perf_counter()
+                    status = await post()
+                    lat.append(time.perf_counter() - t)
+                    if status != 201:
+                        sys.exit(f"bench: stub answered {status}")
+
+            await asyncio.gather(*(post() for _ in range(concurrency)))  # warm the pool
+            lat.clear()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return Probe(n, concurrency, time.perf_counter() - t0, lat)
+
+        if client == "httpx":
+            import httpx
+
+            c = concurrency
+            limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+            async with httpx.AsyncClient(limits=limits, trust_env=False) as hc:
+
+                async def post_httpx() -> int:
+                    return (await hc.post(url, content=body, headers=headers)).status_code
+
+                return await drive(post_httpx)
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def post_aiohttp() -> int:
+                async with session.post(url, data=body, headers=headers) as r:
+                    await r.read()
+                    return r.status
+
+            return await drive(post_aiohttp)
+
+    result = asyncio.run(run())
+    stub_reset(base)
+    return result
+
+
+# --- consumers and their evidence ------------------------------------------------------
+
+
+def ledger_count(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
+            return int(c.execute("SELECT count(*) FROM processed").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return 0
+
+
+@dataclass(frozen=True)
+class Span:
+    """Messages recorded after the first commit, over the time to the last commit."""
+
+    rows: int
+    counted: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.counted / self.seconds if self.seconds > 0 else float("nan")
+
+
+def ledger_span(db: Path, column: str = "processed_at") -> Span:
+    """Steady throughput from the ledger's commit timestamps, start-up excluded.
+
+    The clock starts at the first commit (so connecting, the first delivery and
+    the first call are not counted) and stops at the last; the rows committed at
+    the first timestamp are not counted either, since their work happened before
+    the clock started.
+    """
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        stamps = [
+            datetime.fromisoformat(r[0]) for r in c.execute(f"SELECT {column} FROM processed")
+        ]
+    stamps.sort()
+    first, last = stamps[0], stamps[-1]
+    at_first = sum(1 for s in stamps if s == first)
+    return Span(len(stamps), len(stamps) - at_first, (last - first).total_seconds())
+
+
+@dataclass
+class ConsumerRun:
+    summary: dict[str, Any]
+    span: Span
+    wall: float  # process start → all n recorded (start-up included)
+
+
+def run_consumer(
+    vhost: Vhost, claim: str, db: Path, n: int, prefetch: int, limit: float = 150
+) -> ConsumerRun:
+    """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
+
+    --max-seconds is only a safety net: a consumer that stalls ends the bench.
+    """
+    cmd = [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim,
+           "--prefetch", str(prefetch), "--db", str(db), "--json",
+           "--max-seconds", str(limit)]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=vhost.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    while ledger_count(db) < n and proc.poll() is None:
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode != 0 or ledger_count(db) < n:
+        sys.exit(f"bench: consumer exited {proc.returncode} with {ledger_count(db)}/{n}: {err}")
+    return ConsumerRun(json.loads(out), ledger_span(db), wall)
+
+
+def check_drained(vhost: Vhost, base: str, n: int, label: str) -> None:
+    """The broker holds nothing (every message acked) and the stub saw n accepted calls."""
+    ready, unacked = depth(vhost)
+    calls = stub_stats(base)["by_status"].get("201", 0)
+    if ready or unacked or calls != n:
+        sys.exit(f"bench: {label}: queue {ready} ready / {unacked} unacked, stub 201s {calls}/{n}")
+
+
+# --- reporting ---------------------------------------------------------------------------
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for r in (header, *rows):
+        cells = [
+            r[0].ljust(widths[0]),
+            *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)),
+        ]
+        print("  ".join(cells))
+
+
+def verdict(what: str, value: float, target: float, unit: str = "x") -> bool:
+    met = value >= target
+    print(
+        f"\ntarget: {what} >= {target:g}{unit}: {'MET' if met else 'NOT MET'} ({value:.2f}{unit})"
+    )
+    return met
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
