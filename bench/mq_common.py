@@ -375,6 +375,31 @@ def check_drained(vhost: Vhost, base: str, n: int, label: str) -> None:
         sys.exit(f"bench: {label}: queue {ready} ready / {unacked} unacked, stub 201s {calls}/{n}")
 
 
+# --- CPU accounting -----------------------------------------------------------------------
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process and its finished children (user + system)."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def broker_cpu() -> float | None:
+    """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if "(beam.smp)" in stat:
+            fields = stat.rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
 # --- reporting ---------------------------------------------------------------------------
 
 
