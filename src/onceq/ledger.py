@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS replays (
 """
 
 BUSY_TIMEOUT_MS = 120_000
+# Rows per multi-row INSERT: 7 parameters each stays far below SQLite's limit of
+# 32766 bound parameters; one statement instead of one per message.
+BULK_ROWS = 500
 
 
 def _deny_attach(action: int, *_: object) -> int:
@@ -225,10 +228,10 @@ class Ledger:
         copy is not recorded twice (`recovered`).
         """
         now = utcnow()
+        entries = list(entries)
         with self._transaction() as conn:
+            self._record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS], now)
             for e in entries:
-                if e.kind is Kind.SUCCESS:
-                    self._record_success(conn, e, now)
                 if e.kind is Kind.DUPLICATE:
                     self._record_duplicate(conn, e, now)
                 elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
@@ -249,6 +252,54 @@ class Ledger:
                             now,
                         ),
                     )
+
+    def _record_successes(self, conn: sqlite3.Connection, group: list[Entry], now: str) -> None:
+        """Insert the `processed` rows of a group, many per statement.
+
+        One multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk: the rows
+        it returns are the copies that took effect; every other entry lost to the
+        primary key (an earlier row, or an earlier copy in the same statement) and
+        becomes a DUPLICATE. A chunk in which the database refuses a row, or in which
+        two entries could not be told apart by (msg_id, ref), goes row by row.
+        """
+        for i in range(0, len(group), BULK_ROWS):
+            chunk = group[i : i + BULK_ROWS]
+            keys = [(e.delivery.msg_id, e.delivery.ref) for e in chunk]
+            if len(set(keys)) < len(keys):
+                for e in chunk:
+                    self._record_success(conn, e, now)
+                continue
+            args: list[Any] = []
+            for e in chunk:
+                f = e.fields
+                args += (
+                    e.delivery.msg_id,
+                    f.get("order_no"),
+                    f.get("seq"),
+                    f.get("amount"),
+                    now,
+                    self.source,
+                    e.delivery.ref,
+                )
+            try:
+                won = set(
+                    conn.execute(
+                        "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at,"
+                        " source, ref) VALUES "
+                        + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk))
+                        + " ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id, ref",
+                        args,
+                    ).fetchall()
+                )
+            except sqlite3.Error:
+                if not conn.in_transaction:
+                    raise
+                for e in chunk:  # the statement was undone: find the row it refused
+                    self._record_success(conn, e, now)
+                continue
+            for e, key in zip(chunk, keys, strict=True):
+                if key not in won:  # the primary key refused a second copy
+                    e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
 
     def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
         f = e.fields

@@ -13,8 +13,9 @@ the process dies, however it dies (kill -9 included). A consumer that starts tak
 over every processing/w-*/ whose lock it can get, and runs those files again; the
 ledger recognises the ones that were already committed.
 
-Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses),
-and the folders a group touched are fsynced once per group, after the ledger commit.
+Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses).
+After the ledger commit, a group's files are all linked into done/ or error/, those
+folders are fsynced once, and only then are the claims unlinked.
 """
 
 from __future__ import annotations
@@ -69,54 +70,93 @@ def write_atomic(folder: Path, name: str, data: bytes) -> Path:
     return folder / name
 
 
-def move_no_clobber(src: str | Path, dst: str | Path) -> Path:
+def move_no_clobber(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    src_dir_fd: int | None = None,
+    dst_dir_fd: int | None = None,
+) -> Path:
     """Move src to dst without ever replacing dst; returns where it went.
 
     rename(2) silently replaces its target, so a file goes by link + unlink. A
     crash between the two leaves the same inode in both places; the next attempt
     finds dst identical and only drops src. A different file already at dst makes
     the move go to dst.1, dst.2 …: a queue never loses a message to a name clash.
+    With `src_dir_fd` / `dst_dir_fd`, src / dst are names inside those folders.
     """
-    # Plain strings, and link(2) tried first with no stat before it: this runs once
-    # per message on the hot path, and link itself is the existence check.
+    target, linked = link_no_clobber(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+    if linked:
+        os.unlink(src, dir_fd=src_dir_fd)
+    return target
+
+
+def link_no_clobber(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    src_dir_fd: int | None = None,
+    dst_dir_fd: int | None = None,
+) -> tuple[Path, bool]:
+    """The first half of `move_no_clobber`: link src at dst (or dst.1 …).
+
+    Returns (where it went, whether src still has to be unlinked). A folder is
+    moved whole by rename at once (link(2) refuses folders), so it has nothing left
+    to unlink.
+    """
+    # Plain strings, open folder descriptors (no path walk per call), and link(2)
+    # tried first with no stat before it: this runs once per message on the hot
+    # path, and link itself is the existence check.
     src, dst = os.fspath(src), os.fspath(dst)
     n, target = 0, dst
     while True:
         try:
-            os.link(src, target, follow_symlinks=False)
-            break
+            os.link(
+                src, target, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False
+            )
+            return Path(target), True
         except FileExistsError:
-            if _same_file(src, target):
-                break
+            if _same_file(src, target, src_dir_fd, dst_dir_fd):
+                return Path(target), True  # a crash fell between link and unlink
             n += 1
             target = f"{dst}.{n}"
         except PermissionError:
             # link(2) refuses a directory (EPERM). A folder someone dropped in the
             # queue moves whole, by rename to a name that is free: it sits in our
             # private processing folder, so nobody races us for the source.
-            if os.path.islink(src) or not os.path.isdir(src):
+            if not stat.S_ISDIR(os.lstat(src, dir_fd=src_dir_fd).st_mode):
                 raise
-            target = _free_name(dst)
-            os.rename(src, target)
-            return Path(target)
-    os.unlink(src)
-    return Path(target)
+            target = _free_name(dst, dst_dir_fd)
+            os.rename(src, target, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+            return Path(target), False
 
 
-def _free_name(dst: str) -> str:
+def _exists(name: str, dir_fd: int | None) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _free_name(dst: str, dir_fd: int | None = None) -> str:
     n, target = 0, dst
-    while os.path.lexists(target):
+    while _exists(target, dir_fd):
         n += 1
         target = f"{dst}.{n}"
     return target
 
 
-def _same_file(a: str, b: str) -> bool:
+def _same_file(a: str, b: str, a_fd: int | None = None, b_fd: int | None = None) -> bool:
     try:
-        sa, sb = os.lstat(a), os.lstat(b)
+        sa, sb = os.lstat(a, dir_fd=a_fd), os.lstat(b, dir_fd=b_fd)
     except FileNotFoundError:
         return False
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
 
 class DirQueue:
@@ -240,6 +280,7 @@ class Worker:
         self._dir = os.fspath(self.dir)  # str: the hot path builds paths by f-string
         self._held: set[str] = set()  # names in our folder, claimed and not yet settled
         self._lock_fd: int | None = None
+        self._fds: dict[str, int] = {}  # open folders: inbox, done, error, own
         self._stopped = False
         self._recovered: list[str] = []
 
@@ -255,6 +296,10 @@ class Worker:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(tmp, self.dir)
         self._lock_fd = fd
+        # Folder descriptors for the hot path: each claim, read and move is a call
+        # relative to an open folder instead of a walk down the whole path.
+        self._fds = {f: _open_dir(self.queue.folder(f)) for f in ("inbox", "done", "error")}
+        self._fds["own"] = _open_dir(self.dir)
         self._recovered = self._recover()
         return self
 
@@ -266,6 +311,9 @@ class Worker:
         if not leftover:
             os.unlink(self.dir / LOCK)
             os.rmdir(self.dir)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
         os.close(self._lock_fd)
         self._lock_fd = None
 
@@ -333,8 +381,8 @@ class Worker:
                     os.close(fd)
         return []
 
-    def _claim(self, src: str | Path, name: str) -> bool:
-        """rename(2) src into our folder; False when another consumer won it."""
+    def _claim(self, src: str | Path, name: str, src_dir_fd: int | None = None) -> bool:
+        """rename(2) src (in src_dir_fd) into our folder; False when another consumer won it."""
         # rename would silently replace a file of the same name that we still hold
         # (a recovered one, or one claimed earlier and not yet settled). Only this
         # process writes into its folder, so the set in memory is exact, and it
@@ -342,7 +390,7 @@ class Worker:
         if name in self._held:
             return False
         try:
-            os.rename(src, f"{self._dir}/{name}")
+            os.rename(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=self._fds["own"])
         except FileNotFoundError:
             return False
         self._held.add(name)
@@ -359,21 +407,21 @@ class Worker:
             # redelivered: this copy may have been handled (even committed) before.
             yield self._delivery(name, redelivered=True)
         self._recovered = []
-        inbox = os.fspath(self.queue.folder("inbox"))
+        inbox = self._fds["inbox"]
         while not self._stopped:
             claimed = False
             for name in sorted(n for n in os.listdir(inbox) if is_message_name(n)):
                 if self._stopped:
                     break
-                if self._claim(f"{inbox}/{name}", name):
+                if self._claim(name, name, inbox):
                     claimed = True
                     yield self._delivery(name)
             if not claimed:
                 return
 
     def _delivery(self, name: str, redelivered: bool = False) -> Delivery:
-        path = f"{self._dir}/{name}"
-        st = os.lstat(path)  # one stat says what it is; nothing below follows a link
+        own = self._fds["own"]
+        st = os.lstat(name, dir_fd=own)  # one stat says what it is; nothing below follows a link
         headers: dict[str, object] = {"kind": "file", "size": st.st_size}
         body = b""
         if stat.S_ISLNK(st.st_mode):
@@ -385,15 +433,18 @@ class Worker:
         elif st.st_size <= self.max_bytes:
             # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
             # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=own)
             try:
                 # Read what the lstat promised plus one byte, up to the limit + 1: a
                 # file that grew past the limit meanwhile is seen as too large, and
-                # no buffer of max_bytes is allocated for a small message.
+                # no buffer of max_bytes is allocated for a small message. A short
+                # read of a regular file is its end: no extra read to see EOF.
                 want = min(st.st_size, self.max_bytes) + 1
                 chunks = []
                 while want > 0 and (chunk := os.read(fd, want)):
                     chunks.append(chunk)
+                    if len(chunk) < want:
+                        break
                     want -= len(chunk)
             finally:
                 os.close(fd)
@@ -404,7 +455,7 @@ class Worker:
             ref=name,
             redelivered=redelivered,
             stable_ref=True,
-            token=path,
+            token=name,
             headers=headers,
         )
 
@@ -415,18 +466,27 @@ class Worker:
         await asyncio.to_thread(self._move_group, group)
 
     def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
-        done, error = os.fspath(self.queue.folder("done")), os.fspath(self.queue.folder("error"))
+        own = self._fds["own"]
         touched: set[str] = set()
+        to_unlink: list[str] = []
         for d, settle, _reason in group:
             # The directory queue has no second delivery: anything not ACKed is
             # quarantined, never put back in the inbox (that would be a poison loop).
-            dest = done if settle is Settle.ACK else error
-            move_no_clobber(d.token, f"{dest}/{d.ref}")
-            # Forgotten only once gone from our folder: until then a claim of the
-            # same name must not rename over it.
-            self._held.discard(d.ref)
+            dest = "done" if settle is Settle.ACK else "error"
+            _, linked = link_no_clobber(d.token, d.ref, src_dir_fd=own, dst_dir_fd=self._fds[dest])
+            if linked:
+                to_unlink.append(d.token)
             touched.add(dest)
-        # One fsync per folder per group, not per file: the links in done/ or error/
-        # and the unlinks from our folder are on disk before the next group starts.
-        for folder in (*touched, self._dir):
-            fsync_dir(folder)
+        # The new names are durable before any old one goes (one fsync per folder
+        # per group, not per file): a power cut can leave a file in both places,
+        # which recovery finishes like a crash between link and unlink, but never
+        # in neither.
+        for folder in touched:
+            os.fsync(self._fds[folder])
+        for name in to_unlink:
+            os.unlink(name, dir_fd=own)
+        # Our own folder is not fsynced: an unlink lost to a power cut leaves the
+        # same inode in done/ and here, and the next consumer only drops this name.
+        # Forgotten only once gone from our folder: until then a claim of the same
+        # name must not rename over it.
+        self._held.difference_update(d.ref for d, _, _ in group)
