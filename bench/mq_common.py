@@ -341,6 +341,7 @@ class ConsumerRun:
     summary: dict[str, Any]
     span: Span
     wall: float  # process start → all n recorded (start-up included)
+    cpu: float  # CPU seconds the consumer process had used by then (start-up included)
 
 
 def run_consumer(
@@ -360,11 +361,12 @@ def run_consumer(
     while ledger_count(db) < n and proc.poll() is None:
         time.sleep(0.02)
     wall = time.perf_counter() - t0
+    cpu = process_cpu(proc.pid)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     if proc.returncode != 0 or ledger_count(db) < n:
         sys.exit(f"bench: consumer exited {proc.returncode} with {ledger_count(db)}/{n}: {err}")
-    return ConsumerRun(json.loads(out), ledger_span(db), wall)
+    return ConsumerRun(json.loads(out), ledger_span(db), wall, cpu)
 
 
 def check_drained(vhost: Vhost, base: str, n: int, label: str) -> None:
@@ -387,6 +389,15 @@ def own_cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def broker_cpu() -> float | None:
     """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -395,8 +406,7 @@ def broker_cpu() -> float | None:
         except OSError:
             continue
         if "(beam.smp)" in stat:
-            fields = stat.rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return process_cpu(int(pid))
     return None
 
 

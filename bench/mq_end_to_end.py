@@ -20,7 +20,9 @@ committed after the first commit divided by the time from the first commit to
 the last, so start-up (interpreter, connect) counts for neither. A run is only
 accepted when claim.in is then empty with nothing unacked and the stub answered
 one 201 per claim. The stub's own capacity (httpx.AsyncClient, `prefetch` in
-flight, no broker) is printed first to show it is not the limit.
+flight, no broker) is printed first to show it is not the limit, and the CPU each
+consumer used per message beside its rate (both are CPU-bound on 2 cores shared
+with the broker and the stub).
 Exits 1 when the target is missed.
 """
 
@@ -110,7 +112,9 @@ def main() -> int:
 
         mc.publish(vhost, mc.write_claims(work / "claims-base", n, "base"))
         mc.stub_reset(claim)
+        cpu0 = mc.own_cpu()
         sequential(vhost, claim, work / "base.db", n)
+        base_cpu = mc.own_cpu() - cpu0
         mc.check_drained(vhost, claim, n, "baseline")
         base = mc.ledger_span(work / "base.db")
 
@@ -121,23 +125,26 @@ def main() -> int:
 
     print()
     mc.table(
-        ("consumer", "msg/s", "ratio", "counted/span"),
+        ("consumer", "msg/s", "ratio", "counted/span", "CPU ms/msg"),
         [
             (
                 "baseline: pika, 1 at a time, commit per message",
                 f"{base.rate:.0f}",
                 "1.0x",
                 f"{base.counted}/{base.seconds:.2f}s",
+                f"{base_cpu / n * 1000:.2f}",
             ),
             (
                 f"onceq mq consume --prefetch {prefetch}",
                 f"{ours.span.rate:.0f}",
                 f"{ours.span.rate / base.rate:.1f}x",
                 f"{ours.span.counted}/{ours.span.seconds:.2f}s",
+                f"{ours.cpu / n * 1000:.2f}",
             ),
         ],
     )
-    print(f"(onceq wall from process start, start-up included: {n / ours.wall:.0f} msg/s)")
+    print(f"(onceq wall from process start, start-up included: {n / ours.wall:.0f} msg/s;")
+    print(" CPU ms/msg: the consumer's own process, start-up included for onceq)")
     met = mc.verdict("onceq / baseline", ours.span.rate / base.rate, args.target)
     return 0 if met else 1
 
