@@ -99,6 +99,10 @@ def check_invariants(root: Path, exp: Expected) -> None:
     """Every file in exactly one place; every msg_id once; duplicates exactly the re-sent."""
     assert names(root / "inbox") == []
     assert names(root / "processing") == []  # no claim left, no worker folder left
+    # A consumer killed while building its claim folder (QDIR/.w-ID.new) leaves it
+    # empty: no message is ever in one.
+    for nursery in root.glob(".w-*"):
+        assert set(os.listdir(nursery)) <= {".lock"}, nursery
     done, error = names(root / "done"), names(root / "error")
     assert len(done) == len(set(done))
     assert set(done) == exp.valid_files, "done/ must hold each valid file once, nothing else"
@@ -328,4 +332,19 @@ def test_a_dead_folder_is_taken_over_and_a_live_one_left_alone(tmp_path: Path) -
     # Its owner is dead now: the next run takes its files over.
     summary = consume_all(root)
     assert summary["received"] == len(held)
+    check_invariants(root, exp)
+
+
+def test_a_folder_left_by_a_kill_during_start_up_is_swept_once_old(tmp_path: Path) -> None:
+    root = tmp_path / "q"
+    exp = make_queue(root, 10, seed=6)
+    stale, fresh = root / ".w-1-dead.new", root / ".w-2-starting.new"
+    for d in (stale, fresh):
+        d.mkdir()
+        (d / ".lock").touch()
+    old = time.time() - 600
+    os.utime(stale, (old, old))
+    consume_all(root)
+    assert not stale.exists()
+    assert fresh.exists()  # may belong to a consumer starting right now: left alone
     check_invariants(root, exp)

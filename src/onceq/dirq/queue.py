@@ -35,7 +35,9 @@ from onceq.transport import Delivery, Settle
 
 FOLDERS = ("inbox", "processing", "done", "error")
 LOCK = ".lock"
-# A consumer creates its folder within microseconds; one this old was left by a kill.
+# A consumer builds its claim folder as QDIR/.w-ID.new and moves it into processing/
+# within microseconds; a nursery this old was left by a kill.
+NURSERY = ".new"
 UNBORN_GRACE_S = 60.0
 
 
@@ -288,9 +290,13 @@ class Worker:
 
     def open(self) -> Worker:
         """Create processing/w-ID/ with its lock already held, then recover the dead."""
-        # Build the folder under a dot name and lock it before it becomes visible, so
-        # that no recovering consumer ever sees it unlocked and takes it over.
-        tmp = self.processing / f".{self.id}"
+        # Build the folder outside processing/ (QDIR/.w-ID.new), lock it there, then
+        # move it in: a folder in processing/ has its lock held from its first
+        # instant, so no recovering consumer ever mistakes a starting consumer for a
+        # dead one. A kill before the move leaves an empty nursery folder that no
+        # consumer scans for claims; a later one removes it.
+        self._sweep_nurseries()
+        tmp = self.queue.root / f".{self.id}{NURSERY}"
         tmp.mkdir()
         fd = os.open(tmp / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -330,8 +336,8 @@ class Worker:
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:
             path = Path(e.path)
-            if path == self.dir:
-                continue
+            if path == self.dir or e.name.startswith("."):
+                continue  # ours, or not a claim (a producer's or a user's dotfile)
             if e.is_dir(follow_symlinks=False):
                 taken += self._take_over(path)
             elif is_message_name(e.name) and self._claim(path, e.name):
@@ -340,8 +346,6 @@ class Worker:
         return taken
 
     def _take_over(self, dead: Path) -> list[str]:
-        if dead.name.startswith("."):
-            return self._sweep_unborn(dead)
         try:
             fd = os.open(dead / LOCK, os.O_RDWR)
         except (FileNotFoundError, NotADirectoryError):
@@ -362,24 +366,31 @@ class Worker:
             if fd is not None:
                 os.close(fd)
 
-    def _sweep_unborn(self, unborn: Path) -> list[str]:
-        """Remove a folder whose consumer died while creating it; take nothing.
+    def _sweep_nurseries(self) -> None:
+        """Remove folders whose consumer was killed while creating them.
 
-        A dot folder never holds a message (claims go only to the renamed folder),
-        and its lock cannot tell a dead maker from a live one that has created the
-        lock file but not yet locked it. So only age decides here, and only for an
-        empty leftover; no message's fate ever depends on a clock.
+        A nursery never holds a message (claims go only into processing/), and its
+        lock cannot tell a dead maker from a live one that has created the lock file
+        but not yet locked it. So age decides here, and only for an empty leftover;
+        no message's fate ever depends on a clock.
         """
-        with contextlib.suppress(OSError):
-            if time.time() - os.lstat(unborn).st_mtime > UNBORN_GRACE_S:
-                fd = os.open(unborn / LOCK, os.O_RDWR)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.unlink(unborn / LOCK)
+        with os.scandir(self.queue.root) as it:
+            old = [
+                Path(e.path)
+                for e in it
+                if e.name.startswith(".w-") and e.name.endswith(NURSERY) and e.is_dir()
+            ]
+        for unborn in old:
+            with contextlib.suppress(OSError):
+                if time.time() - os.lstat(unborn).st_mtime > UNBORN_GRACE_S:
+                    with contextlib.suppress(FileNotFoundError):
+                        fd = os.open(unborn / LOCK, os.O_RDWR)
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            os.unlink(unborn / LOCK)
+                        finally:
+                            os.close(fd)
                     os.rmdir(unborn)
-                finally:
-                    os.close(fd)
-        return []
 
     def _claim(self, src: str | Path, name: str, src_dir_fd: int | None = None) -> bool:
         """rename(2) src (in src_dir_fd) into our folder; False when another consumer won it."""
