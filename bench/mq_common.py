@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import platform
+import select
 import signal
 import socket
 import sqlite3
@@ -33,6 +34,7 @@ from typing import Any
 HOST = "127.0.0.1"
 BROKER = (HOST, 5672)
 RABBITMQCTL_TIMEOUT = 60
+STUB_START_TIMEOUT = 20
 
 
 # --- the machine ----------------------------------------------------------------------
@@ -186,17 +188,16 @@ def stub(delay: float) -> Iterator[str]:
         [sys.executable, "-m", "onceq", "partner", "claim", "--port", str(port),
          "--delay", str(delay)],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=None,  # inherited: a pipe nobody reads could fill and stall the stub
         text=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # "claim system stub listening on http://…"
+        ready, _, _ = select.select([proc.stdout], [], [], STUB_START_TIMEOUT)
+        line = proc.stdout.readline() if ready else ""  # "claim system stub listening on …"
         if "listening" not in line:
             proc.kill()
-            sys.exit(
-                f"bench: stub did not start: {line}{proc.stderr.read() if proc.stderr else ''}"
-            )
+            sys.exit(f"bench: stub not listening within {STUB_START_TIMEOUT}s (said {line!r})")
         yield f"http://{HOST}:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -354,17 +355,22 @@ def run_consumer(
     cmd = [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim,
            "--prefetch", str(prefetch), "--db", str(db), "--json",
            "--max-seconds", str(limit)]  # fmt: skip
+    log = db.with_suffix(".stderr")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, env=vhost.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    while ledger_count(db) < n and proc.poll() is None:
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    cpu = process_cpu(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    # stderr to a file, not a pipe: nobody reads a pipe while we poll, and a chatty
+    # consumer would block on a full one.
+    with log.open("w") as err_file:
+        proc = subprocess.Popen(
+            cmd, env=vhost.env(), stdout=subprocess.PIPE, stderr=err_file, text=True
+        )
+        while ledger_count(db) < n and proc.poll() is None:
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        cpu = process_cpu(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
     if proc.returncode != 0 or ledger_count(db) < n:
+        err = log.read_text()[-2000:]
         sys.exit(f"bench: consumer exited {proc.returncode} with {ledger_count(db)}/{n}: {err}")
     return ConsumerRun(json.loads(out), ledger_span(db), wall, cpu)
 
