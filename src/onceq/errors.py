@@ -11,7 +11,7 @@
     ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
     └── LedgerError                 8   the ledger database cannot be opened or written
 
-Third-party exceptions (aiormq/aio-pika, httpx, sqlite3, OSError) are translated into
+Third-party exceptions (aiormq/aio-pika, aiohttp, sqlite3, OSError) are translated into
 this tree at one boundary per library; the CLI maps the tree to exit codes and prints
 the message as one line. A message never contains a URL password: use
 `redact_url` before putting a URL in any text.

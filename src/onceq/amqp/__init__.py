@@ -10,5 +10,5 @@
 | consume      | one consumer run: ledger, deadline, signals, grace                  |
 | status       | queue depths and the memory watermark read through rabbitmqctl      |
 
-Heavy imports (aiormq, aio_pika, httpx) happen inside functions.
+Heavy imports (aiormq, aio_pika, aiohttp) happen inside functions.
 """

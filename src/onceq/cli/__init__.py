@@ -1,6 +1,6 @@
 """The `onceq` command: parse, call the library, print, map errors to exit codes.
 
-Heavy modules (rich, aio-pika, httpx, aiohttp) are imported inside the commands
+Heavy modules (rich, aio-pika, aiormq, aiohttp) are imported inside the commands
 that need them, so `onceq dirq lag` and `--help` start in a few tens of ms.
 """
 
