@@ -8,7 +8,10 @@ reliability argument, so it lives in one place:
 2. If the ledger already holds its msg_id, it is a duplicate: no handler call.
 3. At most one copy of a msg_id is in flight: a second copy waits for the first to
    be recorded and settled, then finds it in the ledger (so a partner is never
-   called twice at once for one message).
+   called twice at once for one message). When the ledger row is the whole effect
+   (`no_effect`, the directory queue) steps 2 and 3 are skipped: there is no call
+   to save, and the primary key in the commit tells a second copy from the first,
+   even inside one group.
 4. The handler's outcome becomes a settle decision (`transport.decide`).
 5. The committer writes a group of outcomes in one durable transaction, and only
    then asks the transport to settle that group. A crash before the commit leaves
@@ -16,7 +19,7 @@ reliability argument, so it lives in one place:
    second effect); a crash after the commit and before the settle leaves copies
    that the ledger recognises.
 
-Grouping is the only speed trick: many outcomes share one commit (one fsync) and
+Grouping is the main speed trick: many outcomes share one commit (one fsync) and
 one settle, but no settle ever precedes the commit of its own record.
 """
 
