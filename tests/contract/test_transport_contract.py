@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 from onceq.consumer import Consumer, Outcome
+from onceq.dirq.files import write_atomic
 from onceq.dirq.message import MessageSpec, decode
-from onceq.dirq.queue import DirQueue, Worker, write_atomic
+from onceq.dirq.queue import DirQueue
+from onceq.dirq.worker import Worker
 from onceq.ledger import Ledger
 from onceq.memory import MemoryTransport
 from onceq.transport import Delivery, Settle, Transport

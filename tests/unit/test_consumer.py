@@ -69,7 +69,7 @@ class CheckingTransport(MemoryTransport):
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
         with Ledger(self.ledger_path) as other:  # a separate connection sees only commits
-            for d, settle, reason in group:
+            for d, settle, _reason in group:
                 if settle is Settle.ACK and other.processed_ref(d.msg_id or "") is None:
                     self.violations.append(f"ack before record: {d.ref}")
                 if settle is not Settle.ACK and other.last_failure(d.ref) is None:

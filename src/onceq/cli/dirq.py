@@ -124,7 +124,7 @@ def consume(
 
 def _write_output(path: Path, text: str) -> Path:
     """Write a result file atomically (a reader never sees half of it)."""
-    from onceq.dirq.queue import write_atomic
+    from onceq.dirq.files import write_atomic
     from onceq.errors import NotFound, UsageError
 
     if not path.parent.is_dir():

@@ -17,7 +17,8 @@ import os
 import re
 from pathlib import Path
 
-from onceq.dirq.queue import DirQueue, fsync_dir, is_message_name, write_atomic
+from onceq.dirq.files import fsync_dir, is_message_name, write_atomic
+from onceq.dirq.queue import DirQueue
 from onceq.ledger import Ledger
 
 DUP_FILE = "dup.txt"

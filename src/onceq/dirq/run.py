@@ -9,7 +9,8 @@ from pathlib import Path
 
 from onceq.consumer import Consumer, Stats
 from onceq.dirq.message import MessageSpec, decode
-from onceq.dirq.queue import DirQueue, Worker
+from onceq.dirq.queue import DirQueue
+from onceq.dirq.worker import Worker
 from onceq.errors import UsageError
 from onceq.ledger import Entry, Ledger
 

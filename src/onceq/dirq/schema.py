@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from onceq.consumer import Outcome
+from onceq.dirq.files import is_message_name
 from onceq.dirq.message import MessageSpec, decode, parse_document
-from onceq.dirq.queue import DirQueue, is_message_name
+from onceq.dirq.queue import DirQueue
 from onceq.transport import Delivery, Kind
 
 HEADER = ("field", "type", "role")

@@ -120,8 +120,9 @@ def _check_free(q: Path) -> None:
 
 def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
     """Create R/q with the fixtures queued, schema.csv and the scripts; returns (q, queued)."""
+    from onceq.dirq.files import write_atomic
     from onceq.dirq.order import DEFAULT_SQL
-    from onceq.dirq.queue import DirQueue, write_atomic
+    from onceq.dirq.queue import DirQueue
     from onceq.dirq.schema import schema_csv
 
     q = root / "q"
@@ -142,8 +143,8 @@ def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
 
 def order_result(q: Path) -> tuple[str, int]:
     """Run q/order-check.sql over q/ledger.db into q/order-result.txt; (first line, rows)."""
+    from onceq.dirq.files import write_atomic
     from onceq.dirq.order import read_sql, render, run_check
-    from onceq.dirq.queue import write_atomic
     from onceq.ledger import Ledger
 
     with Ledger(q / "ledger.db", create=False) as ledger:
