@@ -271,16 +271,7 @@ class Ledger:
                 continue
             args: list[Any] = []
             for e in chunk:
-                f = e.fields
-                args += (
-                    e.delivery.msg_id,
-                    f.get("order_no"),
-                    f.get("seq"),
-                    f.get("amount"),
-                    now,
-                    self.source,
-                    e.delivery.ref,
-                )
+                args += self._row(e, now)
             try:
                 won = set(
                     conn.execute(
@@ -301,8 +292,20 @@ class Ledger:
                 if key not in won:  # the primary key refused a second copy
                     e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
 
-    def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
+    def _row(self, e: Entry, now: str) -> tuple[Any, ...]:
+        """The `processed` row of a successful entry, in INSERT column order."""
         f = e.fields
+        return (
+            e.delivery.msg_id,
+            f.get("order_no"),
+            f.get("seq"),
+            f.get("amount"),
+            now,
+            self.source,
+            e.delivery.ref,
+        )
+
+    def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
         # No SAVEPOINT around the insert (it cost two statements per message): when a
         # statement breaks a constraint, SQLite undoes that statement alone and keeps
         # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
@@ -312,15 +315,7 @@ class Ledger:
             row = conn.execute(
                 "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
                 " VALUES (?,?,?,?,?,?,?) ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id",
-                (
-                    e.delivery.msg_id,
-                    f.get("order_no"),
-                    f.get("seq"),
-                    f.get("amount"),
-                    now,
-                    self.source,
-                    e.delivery.ref,
-                ),
+                self._row(e, now),
             ).fetchone()
         except sqlite3.Error as exc:
             if not conn.in_transaction:

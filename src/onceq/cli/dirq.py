@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -49,6 +51,23 @@ def _parse_required(value: str) -> tuple[str, ...]:
     return fields
 
 
+def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--required and --max-bytes: what makes a valid message, for consume and schema alike."""
+    f = click.option(
+        "--max-bytes",
+        default=1024 * 1024,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Files larger than this are not messages (consume quarantines them unread).",
+    )(f)
+    return click.option(
+        "--required",
+        default="msg_id,order_no,seq,amount",
+        show_default=True,
+        help="Comma-separated fields a message must have.",
+    )(f)
+
+
 @dirq.command()
 @click.argument("qdir", type=QDIR)
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
@@ -59,19 +78,7 @@ def _parse_required(value: str) -> tuple[str, ...]:
     type=click.IntRange(1, 64),
     help="Consumer processes on this queue.",
 )
-@click.option(
-    "--required",
-    default="msg_id,order_no,seq,amount",
-    show_default=True,
-    help="Comma-separated fields a message must have.",
-)
-@click.option(
-    "--max-bytes",
-    default=1024 * 1024,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Files larger than this are quarantined unread (reason too-large).",
-)
+@message_spec_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     qdir: Path, db: Path | None, workers: int, required: str, max_bytes: int, as_json: bool
@@ -145,19 +152,7 @@ def _write_output(path: Path, text: str) -> Path:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write the CSV here (default: print it).",
 )
-@click.option(
-    "--required",
-    default="msg_id,order_no,seq,amount",
-    show_default=True,
-    help="Fields a valid message must have (as for consume).",
-)
-@click.option(
-    "--max-bytes",
-    default=1024 * 1024,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Larger files are not valid messages (as for consume).",
-)
+@message_spec_options
 def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> None:
     """The fields of a normal message, as CSV `field,type,role`.
 
