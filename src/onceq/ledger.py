@@ -112,8 +112,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if create:
             conn.executescript(SCHEMA)
-    except sqlite3.Error as exc:
-        raise LedgerError(f"{p}: cannot open the ledger: {exc}") from exc
+    except (sqlite3.Error, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise LedgerError(f"{p}: cannot open the ledger: {reason}") from exc
     return conn
 
 

@@ -50,8 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         sys.stderr.write("onceq: interrupted\n")
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other refusal: the command, the problem, where to look.
+        where = exc.ctx.command_path if exc.ctx is not None else "onceq"
+        sys.stderr.write(f"onceq: {where}: {exc.format_message()} (see --help)\n")
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        sys.stderr.write(f"onceq: {exc.format_message()}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
         sys.stderr.write(f"onceq: {redact_text(str(exc))}\n")

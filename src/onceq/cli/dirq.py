@@ -95,10 +95,16 @@ def consume(
       onceq dirq consume ./q --workers 2
     """
     from onceq.dirq.message import MessageSpec
+    from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import consume as run_consume
     from onceq.dirq.run import consume_parallel
 
     spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
+    # Refuse a missing queue or an unopenable ledger before any progress display starts.
+    queue = DirQueue(qdir).check()
+    from onceq.ledger import Ledger
+
+    Ledger(db or queue.default_db).close()
     if workers > 1:
         stats = consume_parallel(qdir, db, spec, workers)
     elif as_json:

@@ -221,7 +221,12 @@ def _print_status(doc: dict[str, Any]) -> None:
 
 @click.group()
 def partner() -> None:
-    """Stub partner systems for demos, tests and benchmarks."""
+    """Stub partner systems for demos, tests and benchmarks.
+
+    \b
+    Example:
+      onceq partner claim --port 9202 --delay 0.05 &
+    """
 
 
 @partner.command()
