@@ -20,7 +20,7 @@ committed after the first commit, divided by the time from the first commit to
 the last — so start-up (interpreter, connect, first call) is not counted. The run
 is only accepted when the broker's claim.in is empty with nothing unacked and the
 stub answered exactly one 201 per claim. The stub's own capacity at the same
-concurrency is probed first (httpx.AsyncClient, no broker) to show it is not the
+concurrency is probed first (aiohttp, as onceq; no broker) to show it is not the
 limit. Exits 1 when the target is missed.
 """
 
@@ -62,9 +62,9 @@ def main() -> int:
         mc.stub(delay) as claim,
     ):
         work = Path(tmp)
-        p = mc.probe(claim, 400, prefetch, "httpx")
+        p = mc.probe(claim, 400, prefetch, "aiohttp")
         print(
-            f"stub alone (httpx.AsyncClient, as onceq), {prefetch} in flight: {p.rate:.1f} req/s"
+            f"stub alone (aiohttp, as onceq), {prefetch} in flight: {p.rate:.1f} req/s"
             f" (its limit {limit:.0f}),"
             f" latency p50 {p.pct(0.5) * 1000:.1f} ms p99 {p.pct(0.99) * 1000:.1f} ms"
         )

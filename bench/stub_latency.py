@@ -6,10 +6,11 @@ Starts `python -m onceq partner claim --delay D` for D = 0 and 0.05 and sends it
 `--requests` POSTs of a sample claim with C requests in flight, no broker
 involved, through two asyncio clients:
 
-- aiohttp.ClientSession: the cheapest client here, so its figure is the closest
-  to the stub's own capacity;
-- httpx.AsyncClient: the client onceq's ClaimHandler uses, so its figure is the
-  most a consumer built on it can get from the stub on this machine.
+- aiohttp.ClientSession: the cheapest client here and the one onceq's ClaimHandler
+  uses, so its figure is the closest to the stub's own capacity and the most a
+  consumer can get from the stub on this machine;
+- httpx.AsyncClient: shown for comparison (the handler used it before measurement
+  moved it to aiohttp).
 
 At delay 0 the stub must serve well above what the consumers reach in
 bench/mq_end_to_end.py; at delay 0.05 with C in flight the ideal is C / 0.05 req/s
