@@ -230,3 +230,28 @@ def test_a_root_or_q_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert r.stderr.startswith("onceq: ") and len(r.stderr.strip().splitlines()) == 1
     assert (tmp_path / "R" / "q").read_text() == "mine"
     assert os.listdir(tmp_path / "R") == ["q"]
+
+
+@pytest.mark.parametrize("name", ["--help", "-h", "--json", "-x.json"])
+def test_replay_sh_moves_a_file_whose_name_looks_like_an_option(tmp_path: Path, name: str) -> None:
+    # Without `--` before the arguments, `replay.sh --help` printed help and exited 0
+    # (a replay that silently did nothing) and `replay.sh --json` was a usage error.
+    assert run_cli("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
+    q = tmp_path / "R" / "q"
+    (q / "error" / name).write_text("{}")
+    r = _run([str(q / "replay.sh"), name], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (q / "inbox" / name).read_text() == "{}"
+    assert not (q / "error" / name).exists()
+    # The conventional end of options is accepted too and means the same.
+    (q / "error" / "-y.json").write_text("{}")
+    r = _run([str(q / "replay.sh"), "--", "-y.json"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (q / "inbox" / "-y.json").exists()
+
+
+def test_lag_sh_takes_a_queue_folder_whose_name_starts_with_a_dash(tmp_path: Path) -> None:
+    assert run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run").returncode == 0
+    assert run_cli("dirq", "init", "--", "-q", cwd=tmp_path).returncode == 0
+    r = _run([str(tmp_path / "R" / "q" / "lag.sh"), "-q", "0"], tmp_path)
+    assert (r.returncode, r.stdout) == (0, "inbox=0 processing=0 error=0\n"), r.stderr
