@@ -56,9 +56,16 @@ def check_claim_url(url: str) -> str:
     """The claim system's base URL, without a trailing slash; UsageError if unusable."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise UsageError(f"--claim {redact_text(url)}: not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--claim {redact_url(url)}: not an http:// or https:// URL")
+    if port == 0:
+        # Refused up front: every call would fail and dead-letter the whole queue.
+        raise UsageError(f"--claim {redact_url(url)}: port 0 cannot be connected to")
     return url.rstrip("/")
 
 

@@ -28,6 +28,10 @@ from onceq.errors import BadMessage, Unroutable
 # fsyncs persistent messages, bounded so memory and the loss window stay small.
 WINDOW = 256
 CONTENT_TYPE = "application/json"
+# RabbitMQ's default max_message_size. A larger body is refused by the broker with a
+# channel-closing 406 half-way through a batch; checked from the file's size first,
+# so such a file publishes nothing and is never read into memory.
+MAX_BODY = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,11 @@ class Claim:
 def load_claim(path: Path) -> Claim:
     """Read and check one claim file; BadMessage names the file and the reason."""
     try:
+        size = path.stat().st_size
+        if size > MAX_BODY:
+            raise BadMessage(
+                f"{path}: too large ({size} bytes; the broker accepts at most {MAX_BODY})"
+            )
         body = path.read_bytes()
     except OSError as exc:
         raise BadMessage(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -36,9 +36,18 @@ CONNECT_TIMEOUT = 10.0
 def amqp_url(url: str | None = None) -> str:
     """The URL to use: the argument, else EAI_AMQP_URL, else the local default."""
     url = url or os.environ.get(ENV_URL) or DEFAULT_URL
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as exc:
+        # Checked here, not left to aiormq/yarl: they raise a bare ValueError deep in
+        # connect, which would surface as a traceback instead of one line.
+        # redact_text, not redact_url: the latter parses the URL again (and would raise).
+        raise UsageError(f"{ENV_URL}={redact_text(url)}: not a valid URL ({exc})") from None
     if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
         raise UsageError(f"{ENV_URL}={redact_url(url)}: not an amqp:// or amqps:// URL")
+    if port == 0:
+        raise UsageError(f"{ENV_URL}={redact_url(url)}: port 0 is not a broker's port")
     return url
 
 
@@ -103,6 +112,13 @@ def translate(exc: BaseException, url: str, what: str = "") -> OnceqError:
         return BrokerUnavailable(f"{redact_url(url)}: login refused ({_reason(exc)})")
     if isinstance(exc, TimeoutError):
         return BrokerUnavailable(f"{redact_url(url)}: no answer within {CONNECT_TIMEOUT:g}s")
+    if isinstance(exc, ae.InvalidFrameError) and "Connection.OpenOk" in str(exc):
+        # The broker answers Connection.Open on a vhost that does not exist (or that the
+        # user has no permission for) with Connection.Close; aiormq keeps only the text.
+        return BrokerUnavailable(
+            f"{redact_url(url)}: vhost {vhost_of(url)!r} does not exist or the user may"
+            " not use it (the broker closed the connection when it was opened)"
+        )
     if isinstance(exc, ae.AMQPError | OSError | ae.ChannelInvalidStateError):
         # A missing vhost arrives as an unexpected Connection.Close during the handshake.
         return BrokerUnavailable(

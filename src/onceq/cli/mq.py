@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import click
 
-from onceq.cli.output import console, emit_json
+from onceq.cli.output import console, emit_json, fail
 
 JSON_HELP = "Print the outcome as JSON."
+# asyncio is imported inside the commands: every `onceq` command loads this module to
+# register its group, and asyncio (with ssl) costs ~20 ms of start-up on its own.
+
+
+class Seconds(click.FloatRange):
+    """A positive, finite number of seconds (FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
 
 
 def _url() -> str:
@@ -49,6 +64,8 @@ def topology(as_json: bool) -> None:
     Example:
       EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
     """
+    import asyncio
+
     from onceq.amqp.topology import declare
     from onceq.amqp.url import vhost_of
 
@@ -86,6 +103,8 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
     Example:
       onceq mq publish claims/*.json --json
     """
+    import asyncio
+
     from onceq.amqp.publisher import load_claims
     from onceq.amqp.publisher import publish as do_publish
 
@@ -102,7 +121,7 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
 @click.option("--claim", "claim_url", required=True, help="Claim system base URL.")
 @click.option(
     "--max-seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     help="Stop taking messages after N seconds (default: run until SIGTERM/SIGINT).",
 )
 @click.option(
@@ -121,7 +140,7 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
     "--timeout",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     help="Seconds per claim-system call before it counts as a timeout.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -161,14 +180,22 @@ def consume(
     result = run_consume(url, opts)
     if as_json:
         emit_json(result.as_dict())
-        return
+    else:
+        _print_consume(result, opts.db)
+    if result.aborted:
+        # Exit as an interrupted command: the run did not finish its in-flight claims.
+        fail("interrupted by a second signal; in-flight claims return to claim.in")
+        raise SystemExit(130)
+
+
+def _print_consume(result: Any, db: Path) -> None:
     s = result.stats
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())) or "none"
     console().print(
         f"{s.received} received, {s.processed} processed, {s.duplicates} duplicate(s),"
         f" {s.requeued} requeued, {s.dead} dead (reasons: {reasons})"
         + (f", {result.unsettled} left to redelivery" if result.unsettled else "")
-        + f"; ledger {opts.db}"
+        + f"; ledger {db}"
     )
 
 
@@ -236,7 +263,7 @@ def partner() -> None:
     "--delay",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     help="Seconds each call takes (asyncio.sleep: concurrent calls overlap).",
 )
 def claim(port: int, host: str, delay: float) -> None:
