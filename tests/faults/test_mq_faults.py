@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -92,3 +95,108 @@ def test_dropped_connection_reconnects_and_finishes_each_claim_once(
     # crash), and the copies the broker redelivered were acked as already done.
     assert summary["unsettled"] >= 1 and "could not ack" in err
     assert summary["duplicates"] >= summary["unsettled"]
+
+
+def _silent_broker() -> tuple[socket.socket, int]:
+    """A TCP port that accepts connections and never says a word (a hung broker)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s, s.getsockname()[1]
+
+
+def test_a_silent_broker_ends_the_consumer_after_the_connect_timeout(tmp_path: Path) -> None:
+    """connect_robust kept reconnecting after its first attempt timed out, so the
+    process reported nothing and never exited; now: exit 7 after CONNECT_TIMEOUT."""
+    listener, port = _silent_broker()
+    try:
+        t0 = time.monotonic()
+        proc = start_consumer(
+            f"amqp://guest:s3cret@127.0.0.1:{port}/v", "http://127.0.0.1:9", tmp_path / "l.db"
+        )
+        out, err = proc.communicate(timeout=18)  # CONNECT_TIMEOUT is 10 s
+        took = time.monotonic() - t0
+    finally:
+        listener.close()
+    assert proc.returncode == 7, err
+    assert "no answer within" in err and "s3cret" not in err + out
+    assert took < 14, took
+    assert not (tmp_path / "l.db").exists()
+
+
+def _hanging_claim_system() -> tuple[socket.socket, int, list[socket.socket]]:
+    """Accepts claim calls and never answers them."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(s.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    return s, s.getsockname()[1], held
+
+
+def test_a_second_signal_stops_at_once_and_loses_nothing(amqp_url: str, tmp_path: Path) -> None:
+    """The first SIGINT waits for in-flight calls (up to --timeout); a second one does not."""
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"h-{i}") for i in range(3)]))
+    listener, port, held = _hanging_claim_system()
+    db = tmp_path / "processed.db"
+    try:
+        proc = start_consumer(amqp_url, f"http://127.0.0.1:{port}", db, "--timeout", "30")
+        wait_for(lambda: len(held) == 3, timeout=15)  # three calls hang now
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # the first signal is being handled: the grace period runs
+        assert proc.poll() is None  # … it waits for the in-flight calls
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        listener.close()
+    assert proc.returncode == 130, err
+    assert took < 3, took
+    assert "second signal" in err and json.loads(out)["aborted"] is True
+    # Nothing settled, nothing recorded: all three are back in claim.in.
+    wait_for(lambda: queues(amqp_url)["claim.in"] == (3, 0), timeout=10)
+    assert rows(db, "SELECT count(*) FROM processed") == [(0,)]
+
+
+def test_sigterm_while_disconnected_exits_at_once(amqp_url: str, tmp_path: Path) -> None:
+    """The broker drops the connection and refuses the reconnect; SIGTERM then ends the
+    run at once (it waited CONNECT_TIMEOUT to cancel a consumer that no longer existed),
+    the outage is reported once, without the password, and nothing is lost."""
+    n = 40
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"o-{i}") for i in range(n)]))
+    db = tmp_path / "processed.db"
+    with partner(delay=0.3) as p:
+        proc = start_consumer(amqp_url, p.url, db, "--prefetch", "5")
+        wait_for(lambda: p.stats()["total"] >= 6, timeout=15)
+        ctl("clear_permissions", "-p", vhost(amqp_url), "guest")  # reconnects are refused
+        try:
+            ctl("close_all_connections", "-p", vhost(amqp_url), "onceq test: outage")
+            time.sleep(2.5)  # several reconnect attempts (1 s apart) fail
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=20)
+            took = time.monotonic() - t0
+        finally:
+            ctl("set_permissions", "-p", vhost(amqp_url), "guest", ".*", ".*", ".*")
+        stats = p.stats()
+    assert proc.returncode == 0, err
+    assert took < 3, took
+    assert err.count("lost (") == 1, err  # one warning per outage, not one per attempt
+    assert "guest:***@" in err and "Traceback" not in err
+    done = {r[0] for r in rows(db, "SELECT msg_id FROM processed")}
+    assert set(stats["by_guid"].values()) == {1}
+    summary = json.loads(out)
+    assert summary["processed"] == len(done)
+    # Each message is recorded or back in claim.in; those recorded whose ack died with
+    # the connection are back too (the ledger skips them next time).
+    ready = queues(amqp_url)["claim.in"]
+    assert ready == (n - len(done) + summary["unsettled"], 0), (ready, summary)

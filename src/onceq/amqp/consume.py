@@ -60,9 +60,15 @@ class ConsumeResult:
     stats: Stats
     unsettled: int
     db: Path
+    aborted: bool = False  # a second signal cut the grace short
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), "unsettled": self.unsettled, "db": str(self.db)}
+        return {
+            **self.stats.as_dict(),
+            "unsettled": self.unsettled,
+            "db": str(self.db),
+            "aborted": self.aborted,
+        }
 
 
 def consume(
@@ -81,16 +87,31 @@ async def _consume(
     from onceq.amqp.handler import ClaimHandler, decode
     from onceq.amqp.transport import AmqpTransport
 
-    # The ledger first: a bad --db path is reported before anything is consumed.
-    ledger = Ledger(opts.db, source="amqp")
     handler = ClaimHandler(opts.claim_url, concurrency=opts.prefetch, timeout=opts.timeout)
     transport = AmqpTransport(url, prefetch=opts.prefetch)
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
+    ledger: Ledger | None = None
     try:
+        # Broker first, then the ledger, then consuming: a run that the broker refuses
+        # (down, no vhost, no claim.in) leaves no ledger file behind, and a bad --db is
+        # still reported before any delivery is taken.
         await transport.open()
+        ledger = Ledger(opts.db, source="amqp")
+        await transport.start()
+        abort = asyncio.Event()
+
+        def on_signal() -> None:
+            # The first signal stops cleanly (in-flight claims finish, bounded by the
+            # grace). A second one is an operator who will not wait: stop at once.
+            # Nothing is lost: unsettled deliveries return to claim.in when the channel
+            # closes, and the ledger skips the ones whose record was already durable.
+            if transport.stopped.is_set():
+                abort.set()
+            transport.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, transport.stop)
+            loop.add_signal_handler(sig, on_signal)
             handled.append(sig)
         if opts.max_seconds is not None:
             loop.call_later(opts.max_seconds, transport.stop)
@@ -111,17 +132,23 @@ async def _consume(
         await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if not run.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(run), opts.grace)
-            except TimeoutError:
-                log.warning(
-                    "in-flight deliveries did not finish within %.0fs; they return to %s",
-                    opts.grace,
-                    "the queue",
-                )
+            abort_wait = asyncio.create_task(abort.wait())
+            await asyncio.wait(
+                [run, abort_wait], timeout=opts.grace, return_when=asyncio.FIRST_COMPLETED
+            )
+            abort_wait.cancel()
+            if not run.done():
+                if not abort.is_set():
+                    log.warning(
+                        "in-flight deliveries did not finish within %.0fs; they return to %s",
+                        opts.grace,
+                        "the queue",
+                    )
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
-                return ConsumeResult(consumer.stats, transport.unsettled, opts.db)
+                return ConsumeResult(
+                    consumer.stats, transport.unsettled, opts.db, aborted=abort.is_set()
+                )
         stats = run.result()  # raises the ledger's error, if it failed
         return ConsumeResult(stats, transport.unsettled, opts.db)
     finally:
@@ -129,4 +156,5 @@ async def _consume(
             loop.remove_signal_handler(sig)
         await transport.close()
         await handler.aclose()
-        ledger.close()
+        if ledger is not None:
+            ledger.close()

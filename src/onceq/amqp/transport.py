@@ -30,6 +30,7 @@ from typing import Any
 
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
+from onceq.errors import redact_url
 from onceq.transport import Delivery, Settle
 
 log = logging.getLogger(__name__)
@@ -56,17 +57,30 @@ class AmqpTransport:
         self._queue: Any = None
         self._tag: str | None = None
         self._cancel_task: asyncio.Task[None] | None = None
+        self._down = False  # an outage has been reported and not yet ended
 
     async def open(self) -> None:
-        """Connect, set qos, check the queue exists, start consuming (manual acks)."""
-        import aio_pika
+        """Connect, set qos and check the queue exists; no delivery is taken yet.
 
-        with boundary(self.url):
-            self._connection = await asyncio.wait_for(
-                aio_pika.connect_robust(self.url, reconnect_interval=RECONNECT_INTERVAL),
-                CONNECT_TIMEOUT,
-            )
+        Split from `start` so the caller can open the ledger in between: a run the
+        broker refuses (down, no queue) then leaves no ledger file behind.
+        """
+        import aio_pika
+        from aio_pika.connection import make_url
+
+        # Built by hand rather than with connect_robust: when the first connect fails
+        # or times out, connect_robust leaves its reconnect task running (it treats the
+        # cancellation as one more failed attempt), and asyncio.run then waits for it
+        # forever. Closing the connection object we hold ends that task.
+        self._connection = aio_pika.RobustConnection(
+            make_url(self.url, reconnect_interval=RECONNECT_INTERVAL),
+            reconnect_interval=RECONNECT_INTERVAL,
+        )
         try:
+            with boundary(self.url):
+                await asyncio.wait_for(
+                    self._connection.connect(timeout=CONNECT_TIMEOUT), CONNECT_TIMEOUT
+                )
             with boundary(self.url):
                 self._channel = await self._connection.channel()
                 await self._channel.set_qos(prefetch_count=self.prefetch)
@@ -74,11 +88,44 @@ class AmqpTransport:
                 # Passive: the consumer never creates topology with guessed attributes
                 # (`onceq mq topology` does, with the dead-letter arguments).
                 self._queue = await self._channel.declare_queue(self.queue_name, passive=True)
+        except BaseException:
+            await close_quietly(self._connection)
+            raise
+        # Say so when the connection drops and when it is back: the run goes on by
+        # itself, but an operator watching a silent consumer should know why it idles.
+        self._connection.close_callbacks.add(self._on_connection_lost)
+        self._connection.reconnect_callbacks.add(self._on_reconnected)
+
+    async def start(self) -> None:
+        """Start consuming with manual acks (after `open`)."""
+        try:
             with boundary(self.url, f"queue {self.queue_name}"):
                 self._tag = await self._queue.consume(self._on_message, no_ack=False)
         except BaseException:
             await close_quietly(self._connection)
             raise
+
+    def _on_connection_lost(self, _connection: Any, exc: BaseException | None = None) -> None:
+        if self.stopped.is_set() or exc is None or isinstance(exc, asyncio.CancelledError):
+            return  # our own close
+        if self._down:
+            return  # each failed reconnect attempt closes again: say it once per outage
+        self._down = True
+        log.warning(
+            "connection to %s lost (%s); reconnecting every %gs",
+            redact_url(self.url),
+            type(exc).__name__,
+            RECONNECT_INTERVAL,
+        )
+
+    def _on_reconnected(self, _connection: Any) -> None:
+        self._down = False
+        log.warning("reconnected to %s", redact_url(self.url))
+
+    @property
+    def connected(self) -> bool:
+        c = self._connection
+        return c is not None and not c.is_closed and c.connected.is_set()
 
     async def _on_message(self, message: Any) -> None:
         if self.stopped.is_set():
@@ -113,7 +160,10 @@ class AmqpTransport:
             return
         self.stopped.set()
         self._buffer.put_nowait(_END)
-        if self._queue is not None and self._tag is not None:
+        # Only on a live connection: while disconnected there is no consumer on the
+        # broker to cancel, and the robust channel would wait for a reconnect first
+        # (a SIGTERM during an outage would then take CONNECT_TIMEOUT to act).
+        if self._queue is not None and self._tag is not None and self.connected:
             self._cancel_task = asyncio.get_running_loop().create_task(self._cancel())
 
     async def _cancel(self) -> None:
