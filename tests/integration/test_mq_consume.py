@@ -190,3 +190,34 @@ def test_missing_queue_is_not_found(amqp_url: str, tmp_path: Path) -> None:
     r = consume(amqp_url, "http://127.0.0.1:9", tmp_path / "db", "--max-seconds", "1")
     assert r.returncode == 3, r.stderr
     assert "claim.in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_two_consumer_processes_share_one_ledger_each_claim_once(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """Two real processes on one queue and one SQLite file: every claim is called and
+    recorded exactly once, both take part, and neither hits 'database is locked'."""
+    n = 400
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"two-{i}") for i in range(n)]))
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        procs = [start_consumer(amqp_url, p.url, db, "--prefetch", "20") for _ in range(2)]
+        try:
+            deadline = time.monotonic() + 15
+            while p.stats()["total"] < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            outs = [proc.communicate(timeout=15) for proc in procs]
+        stats = p.stats()
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err
+        assert "locked" not in err and "Traceback" not in err
+    summaries = [json.loads(out) for out, _ in outs]
+    assert all(s["processed"] > 0 for s in summaries), summaries  # both really consumed
+    assert sum(s["processed"] for s in summaries) == n
+    assert stats["total"] == n and set(stats["by_guid"].values()) == {1}
+    assert rows(db, "SELECT count(*), count(DISTINCT msg_id) FROM processed") == [(n, n)]
+    assert queues(amqp_url)["claim.in"] == (0, 0)
