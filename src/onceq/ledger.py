@@ -65,6 +65,18 @@ BUSY_TIMEOUT_MS = 120_000
 BULK_ROWS = 500
 
 
+# The columns the code writes, per table. A database that has a `processed` table
+# without them (the seed's tutorial ledger, an older onceq) would refuse every insert,
+# and a refused insert reads as a refused *message*: each good message would be
+# quarantined. Such a database is refused as a whole, before anything is written.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "processed": ("msg_id", "order_no", "seq", "amount", "processed_at", "source", "ref"),
+    "duplicates": ("msg_id", "ref", "seen_at"),
+    "failures": ("msg_id", "ref", "source", "reason", "detail", "attempt", "action", "at"),
+    "replays": ("id", "ref", "at"),
+}
+
+
 def _deny_attach(action: int, *_: object) -> int:
     return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
 
@@ -103,6 +115,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         conn = sqlite3.connect(
             str(p), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
         )
+        # Checked before the first write (the WAL switch below writes a header): a file
+        # that is not our ledger is refused exactly as it was found.
+        _check_schema(conn, p, create=create)
         # WAL lets readers (lag, report, the duplicate pre-check) run beside the writer.
         conn.execute("PRAGMA journal_mode=WAL")
         # FULL: the commit is on disk before we move a file or ack a delivery.
@@ -111,11 +126,42 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         # Several consumers queue for the write lock instead of failing "database is locked".
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if create:
-            conn.executescript(SCHEMA)
+            # One transaction: a concurrent opener never sees half a schema.
+            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
     except (sqlite3.Error, OSError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise LedgerError(f"{p}: cannot open the ledger: {reason}") from exc
     return conn
+
+
+def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
+    """Raise LedgerError unless p holds our tables (or, with create, none of them yet)."""
+    # One statement, one snapshot: a consumer creating the schema beside us is seen
+    # before or after its (single) transaction, never half-way.
+    rows = conn.execute(
+        "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c"
+        " WHERE m.type = 'table'"
+    ).fetchall()
+    tables: dict[str, set[str]] = {}
+    for table, column in rows:
+        tables.setdefault(table, set()).add(column)
+    missing: list[str] = []
+    present = 0
+    for table, columns in COLUMNS.items():
+        have = tables.get(table)
+        if not have:
+            missing.append(f"table {table}")
+            continue
+        present += 1
+        missing += [f"{table}.{c}" for c in columns if c not in have]
+    if not missing or (create and not present):
+        return  # our ledger, or a database we may create it in
+    if not present:
+        raise LedgerError(f"{p}: not an onceq ledger (no table processed)")
+    raise LedgerError(
+        f"{p}: a ledger of another schema (missing {', '.join(missing)});"
+        " use a new --db or migrate it"
+    )
 
 
 class Ledger:
@@ -157,7 +203,7 @@ class Ledger:
         return out
 
     def duplicate_ids(self) -> list[str]:
-        rows = self._read.execute("SELECT DISTINCT msg_id FROM duplicates ORDER BY msg_id")
+        rows = self._rows("SELECT DISTINCT msg_id FROM duplicates ORDER BY msg_id")[1]
         return [r[0] for r in rows]
 
     def last_failure(self, ref: str) -> tuple[str, str] | None:
@@ -168,12 +214,11 @@ class Ledger:
         return None if row is None else (row[0], row[1])
 
     def dead_letters(self) -> list[dict[str, Any]]:
-        cur = self._read.execute(
+        cols, rows = self._rows(
             "SELECT msg_id, ref, reason, detail, attempt, at FROM failures"
             " WHERE action = 'dead' ORDER BY id"
         )
-        cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, r, strict=True)) for r in cur]
+        return [dict(zip(cols, r, strict=True)) for r in rows]
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read-only query (order checks); returns (columns, rows)."""
@@ -190,6 +235,13 @@ class Ledger:
         finally:
             self._read.set_authorizer(None)
             self._read.execute("PRAGMA query_only=OFF")
+
+    def _rows(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        try:
+            cur = self._read.execute(sql)
+            return [c[0] for c in cur.description], cur.fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self.path}: read failed: {exc}") from exc
 
     def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
         try:
@@ -310,15 +362,17 @@ class Ledger:
         # No SAVEPOINT around the insert (it cost two statements per message): when a
         # statement breaks a constraint, SQLite undoes that statement alone and keeps
         # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
-        # would give. An error that ends the whole transaction (disk full, I/O) is
-        # re-raised: the group fails as one and its files stay for the next run.
+        # would give. Only a constraint (a CHECK, a trigger's RAISE) refuses *this
+        # message*; any other error (disk full, I/O, a broken trigger or schema) is the
+        # ledger's and is re-raised: the group fails as one and its files stay for the
+        # next run, instead of every good message being quarantined.
         try:
             row = conn.execute(
                 "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
                 " VALUES (?,?,?,?,?,?,?) ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id",
                 self._row(e, now),
             ).fetchone()
-        except sqlite3.Error as exc:
+        except sqlite3.IntegrityError as exc:
             if not conn.in_transaction:
                 raise
             e.kind, e.settle = Kind.REJECTED, Settle.DEAD

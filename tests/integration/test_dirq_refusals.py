@@ -1,0 +1,155 @@
+"""What a user gets wrong around a queue: a foreign or older ledger, folders the run
+cannot write, a QDIR that cannot exist. Each is one line `onceq: …` naming the file and
+the reason, a distinct exit code, and no state changed (or, mid-run, nothing lost: the
+claimed files wait in processing/ and the next run finishes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from onceq.ledger import Ledger
+from support import SAMPLE, run_cli
+
+# The seed's own tutorial ledger (and an older onceq's): `processed` without the
+# source and ref columns, no duplicates/failures tables.
+OLD_SCHEMA = """
+CREATE TABLE processed (msg_id TEXT PRIMARY KEY, order_no TEXT, seq INTEGER, amount REAL,
+                        processed_at TEXT NOT NULL);
+INSERT INTO processed VALUES ('m-0001', 'A', 1, 1.0, '2024-01-01T00:00:00');
+"""
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _one_line(r: subprocess.CompletedProcess[str], *words: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onceq: "), r.stderr
+    for w in words:
+        assert w in lines[0], (w, r.stderr)
+
+
+def _sample_queue(tmp_path: Path) -> Path:
+    q = tmp_path / "q"
+    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
+    return q
+
+
+def _msg(msg_id: str, seq: int, amount: float = 1.0) -> bytes:
+    return json.dumps({"msg_id": msg_id, "order_no": "A", "seq": seq, "amount": amount}).encode()
+
+
+# --- the ledger -----------------------------------------------------------------------
+
+
+def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    # Before: every insert failed on the missing columns and each good message was
+    # quarantined to error/ as "ledger-refused"; report died with a traceback.
+    q = _sample_queue(tmp_path)
+    with sqlite3.connect(q / "ledger.db") as conn:
+        conn.executescript(OLD_SCHEMA)
+    before = _snapshot(q)
+    for args in (("consume",), ("consume", "--workers", "2"), ("report",), ("order-check",)):
+        r = run_cli("dirq", *args, str(q))
+        assert r.returncode == 8, (args, r.stdout, r.stderr)
+        _one_line(r, "ledger.db", "processed.source")
+        assert _snapshot(q) == before, args
+
+
+def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
+    q = _sample_queue(tmp_path)
+    empty, text = tmp_path / "empty.db", tmp_path / "notes.db"
+    empty.write_bytes(b"")
+    text.write_text("not a database, just notes\n" * 10)
+    before = _snapshot(tmp_path)
+    for db in (empty, text):
+        r = run_cli("dirq", "order-check", "--db", str(db))
+        assert r.returncode == 8, r.stderr
+        _one_line(r, db.name)
+        r = run_cli("dirq", "report", str(q), "--db", str(db))
+        assert r.returncode == 8, r.stderr
+        _one_line(r, db.name)
+    # Before: opening the empty file turned it into a WAL database (4 KiB, -wal, -shm).
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -> None:
+    # A rule in the ledger (a trigger) refuses one row: the group's multi-row insert
+    # fails and the rows go one by one; the refused message alone is quarantined and
+    # the copy of an earlier msg_id is still recognised as a duplicate.
+    q = tmp_path / "q"
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, body in {
+        "a.json": _msg("m1", 1),
+        "b.json": _msg("m2", 2, amount=-5),
+        "c.json": _msg("m1", 1),
+        "d.json": _msg("m3", 3),
+    }.items():
+        (src / name).write_bytes(body)
+    assert run_cli("dirq", "init", str(q), "--from", str(src)).returncode == 0
+    assert run_cli("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
+    for name in ("a.json", "b.json", "c.json", "d.json"):
+        os.rename(q / "done" / name, q / "inbox" / name)
+    with sqlite3.connect(q / "ledger.db") as conn:
+        conn.execute("DELETE FROM processed")
+        conn.execute(
+            "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
+            " BEGIN SELECT RAISE(ABORT, 'negative amount'); END"
+        )
+    r = run_cli("dirq", "consume", str(q), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["processed"], out["duplicates"], out["reasons"]) == (2, 1, {"ledger-refused": 1})
+    assert sorted(os.listdir(q / "done")) == ["a.json", "c.json", "d.json"]
+    assert os.listdir(q / "error") == ["b.json"]
+    with sqlite3.connect(q / "ledger.db") as conn:
+        assert conn.execute("SELECT msg_id, ref FROM duplicates").fetchall() == [("m1", "c.json")]
+
+
+def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
+    tmp_path: Path,
+) -> None:
+    # A broken rule in the ledger (a trigger writing to a table that is gone) is the
+    # ledger's fault, not the message's: before, every good message went to error/
+    # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
+    q = _sample_queue(tmp_path)
+    Ledger(q / "ledger.db").close()
+    with sqlite3.connect(q / "ledger.db") as conn:
+        conn.execute("CREATE TABLE audit (msg_id TEXT)")
+        conn.execute(
+            "CREATE TRIGGER audit_it AFTER INSERT ON processed"
+            " BEGIN INSERT INTO audit VALUES (NEW.msg_id); END"
+        )
+        conn.execute("DROP TABLE audit")
+    r = run_cli("dirq", "consume", str(q))
+    assert r.returncode == 8, r.stderr
+    _one_line(r, "ledger.db", "audit")
+    assert os.listdir(q / "error") == [] and os.listdir(q / "done") == []
+    with sqlite3.connect(q / "ledger.db") as conn:
+        conn.execute("DROP TRIGGER audit_it")
+    r = run_cli("dirq", "consume", str(q), "--json")
+    assert r.returncode == 0, r.stderr
+    assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
+    assert os.listdir(q / "processing") == []
+
+
+@pytest.fixture
+def no_root_override() -> list[str]:
+    """A prefix that runs a command as root without the power to ignore file modes."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
