@@ -12,9 +12,10 @@ Only the consume loop writes here (plus `replay`, which records a human's action
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,18 +64,6 @@ BUSY_TIMEOUT_MS = 120_000
 # Rows per multi-row INSERT: 7 parameters each stays far below SQLite's limit of
 # 32766 bound parameters; one statement instead of one per message.
 BULK_ROWS = 500
-
-
-# The columns the code writes, per table. A database that has a `processed` table
-# without them (the seed's tutorial ledger, an older onceq) would refuse every insert,
-# and a refused insert reads as a refused *message*: each good message would be
-# quarantined. Such a database is refused as a whole, before anything is written.
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "processed": ("msg_id", "order_no", "seq", "amount", "processed_at", "source", "ref"),
-    "duplicates": ("msg_id", "ref", "seen_at"),
-    "failures": ("msg_id", "ref", "source", "reason", "detail", "attempt", "action", "at"),
-    "replays": ("id", "ref", "at"),
-}
 
 
 def _deny_attach(action: int, *_: object) -> int:
@@ -134,34 +123,46 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     return conn
 
 
-def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
-    """Raise LedgerError unless p holds our tables (or, with create, none of them yet)."""
-    # One statement, one snapshot: a consumer creating the schema beside us is seen
-    # before or after its (single) transaction, never half-way.
-    rows = conn.execute(
+def _tables(conn: sqlite3.Connection) -> dict[str, set[str]]:
+    """Each table's column names, read in one statement (one consistent snapshot)."""
+    tables: dict[str, set[str]] = {}
+    for table, column in conn.execute(
         "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c"
         " WHERE m.type = 'table'"
-    ).fetchall()
-    tables: dict[str, set[str]] = {}
-    for table, column in rows:
+    ):
         tables.setdefault(table, set()).add(column)
-    missing: list[str] = []
-    present = 0
-    for table, columns in COLUMNS.items():
-        have = tables.get(table)
-        if not have:
-            missing.append(f"table {table}")
-            continue
-        present += 1
-        missing += [f"{table}.{c}" for c in columns if c not in have]
-    if not missing or (create and not present):
-        return  # our ledger, or a database we may create it in
-    if not present:
+    return tables
+
+
+@functools.cache
+def _expected() -> dict[str, set[str]]:
+    """The tables and columns SCHEMA makes (read from SCHEMA: one definition)."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.executescript(SCHEMA)
+        return _tables(conn)
+
+
+def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
+    """Raise LedgerError unless p holds our tables (or, with create, none of them yet).
+
+    A database with a `processed` table of other columns (the seed's tutorial ledger,
+    an older onceq) would refuse every insert, and a refused insert reads as a refused
+    *message*: each good message would be quarantined. It is refused as a whole.
+    """
+    have = _tables(conn)
+    ours = [t for t in _expected() if t in have]
+    if create and not ours:
+        return  # a new database (or someone else's) that we may create our tables in
+    if not ours:
         raise LedgerError(f"{p}: not an onceq ledger (no table processed)")
-    raise LedgerError(
-        f"{p}: a ledger of another schema (missing {', '.join(missing)});"
-        " use a new --db or migrate it"
-    )
+    missing = [f"table {t}" for t in _expected() if t not in have] + [
+        f"{t}.{c}" for t in ours for c in sorted(_expected()[t] - have[t])
+    ]
+    if missing:
+        raise LedgerError(
+            f"{p}: a ledger of another schema (missing {', '.join(missing)});"
+            " use a new --db or migrate it"
+        )
 
 
 class Ledger:
@@ -251,7 +252,7 @@ class Ledger:
 
     # --- writes ---------------------------------------------------------------------
 
-    @contextmanager
+    @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         conn = self._write
         try:
