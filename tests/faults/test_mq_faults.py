@@ -200,3 +200,32 @@ def test_sigterm_while_disconnected_exits_at_once(amqp_url: str, tmp_path: Path)
     # the connection are back too (the ledger skips them next time).
     ready = queues(amqp_url)["claim.in"]
     assert ready == (n - len(done) + summary["unsettled"], 0), (ready, summary)
+
+
+def test_kill_9_mid_run_loses_nothing_and_a_restart_finishes(amqp_url: str, tmp_path: Path) -> None:
+    """A consumer killed with SIGKILL while calls are in flight: nothing is lost (no ack
+    precedes its record), and a second consumer finishes the rest. Only the claims in
+    flight at the kill (at most prefetch) may be called twice."""
+    n, prefetch = 30, 5
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"k-{i}") for i in range(n)]))
+    db = tmp_path / "processed.db"
+    with partner(delay=0.3) as p:
+        proc = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
+        wait_for(lambda: p.stats()["total"] >= 12, timeout=15)
+        proc.kill()
+        proc.communicate(timeout=10)
+        before = len(rows(db, "SELECT msg_id FROM processed"))
+        wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=10)  # unacked return
+        rest = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
+        wait_for(lambda: rows(db, "SELECT count(*) FROM processed") == [(n,)], timeout=20)
+        rest.terminate()
+        out, err = rest.communicate(timeout=15)
+        stats = p.stats()
+    assert rest.returncode == 0, err
+    assert 0 < before < n
+    assert {r[0] for r in rows(db, "SELECT msg_id FROM processed")} == {f"k-{i}" for i in range(n)}
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+    twice = [g for g, c in stats["by_guid"].items() if c > 1]
+    assert set(stats["by_guid"].values()) <= {1, 2} and len(twice) <= prefetch, stats
+    assert json.loads(out)["processed"] == n - before
