@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,128 @@ def no_root_override() -> list[str]:
     if os.geteuid() != 0:
         return []
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
+def _cli(prefix: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "onceq", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --- folders the run cannot write -------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["done", "error", "inbox", "processing", "."])
+def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
+    tmp_path: Path, no_root_override: list[str], folder: str
+) -> None:
+    # Before: a read-only done/ ended the run at the first move with a traceback.
+    q = _sample_queue(tmp_path)
+    db = tmp_path / "ledger.db"  # beside the queue: a read-only QDIR still opens it
+    Ledger(db).close()
+    target = q / folder
+    target.chmod(0o555)
+    try:
+        before = _snapshot(q)
+        r = _cli(no_root_override, "dirq", "consume", str(q), "--db", str(db))
+        assert r.returncode == 2, r.stdout + r.stderr
+        _one_line(r, str(target.resolve() if folder == "." else target), "not writable")
+        assert _snapshot(q) == before
+    finally:
+        target.chmod(0o755)
+    assert run_cli("dirq", "consume", str(q), "--db", str(db)).returncode == 0
+    assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
+
+
+def test_a_file_the_consumer_may_not_read_is_quarantined_not_fatal(
+    tmp_path: Path, no_root_override: list[str]
+) -> None:
+    # Before: PermissionError from the read ended the run with a traceback, and every
+    # later run stopped at the same file (a poison message by its mode).
+    q = _sample_queue(tmp_path)
+    (q / "inbox" / "msg-001.json").chmod(0)
+    r = _cli(no_root_override, "dirq", "consume", str(q), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["reasons"] == {"missing-field": 1, "parse": 1, "unreadable": 1}
+    assert "msg-001.json" in os.listdir(q / "error")
+    assert run_cli("dirq", "report", str(q)).returncode == 0
+    assert "msg-001.json,unreadable\n" in (q / "error.csv").read_text()
+
+
+def test_a_full_disk_mid_run_stops_in_one_line_and_the_next_run_finishes(
+    tmp_path: Path,
+) -> None:
+    # The queue on a tmpfs with no inode to spare: claims (renames) succeed, the
+    # ledger (elsewhere) commits, then linking into done/ fails with ENOSPC. Run in
+    # a private mount namespace so the tmpfs goes away with the shell, whatever happens.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a private tmpfs")
+    n = 40
+    script = f"""
+set -u
+mount -t tmpfs -o size=4m,nr_inodes={n + 8} tmpfs "$MNT" || exit 77
+{sys.executable} -m onceq dirq init "$MNT/q" --from "$SRC" >/dev/null || exit 90
+{sys.executable} -m onceq dirq consume "$MNT/q" --db "$DB" 2>"$ERR"
+echo "first=$?"
+ls "$MNT/q/done" | wc -l | sed 's/^/done=/'
+find "$MNT/q/processing" -name '*.json' | wc -l | sed 's/^/processing=/'
+mount -o remount,nr_inodes={n + 100} "$MNT"
+{sys.executable} -m onceq dirq consume "$MNT/q" --db "$DB" --json >"$OUT" || echo "second=$?"
+ls "$MNT/q/done" | wc -l | sed 's/^/done2=/'
+find "$MNT/q/processing" -mindepth 1 | wc -l | sed 's/^/processing2=/'
+"""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(n):
+        (src / f"m-{i:03d}.json").write_bytes(_msg(f"id-{i}", i + 1))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {
+        **os.environ,
+        "MNT": str(mnt),
+        "SRC": str(src),
+        "DB": str(tmp_path / "ledger.db"),
+        "ERR": str(tmp_path / "err.txt"),
+        "OUT": str(tmp_path / "out.json"),
+    }
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], env=env, text=True, capture_output=True, timeout=120
+    )
+    if r.returncode == 77 or "unshare failed" in r.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    facts = dict(line.split("=", 1) for line in r.stdout.split())
+    err = (tmp_path / "err.txt").read_text()
+    assert facts["first"] == "2", (r.stdout, r.stderr, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "done: cannot move" in lines[0], err
+    assert "No space left" in lines[0], err
+    assert (facts["done"], facts["processing"]) == ("0", str(n)), facts
+    assert "second" not in facts, (r.stdout, r.stderr)
+    assert (facts["done2"], facts["processing2"]) == (str(n), "0"), facts
+    second = json.loads((tmp_path / "out.json").read_text())
+    # Committed before the failure, moved now: recovered, not processed twice.
+    assert (second["recovered"], second["processed"], second["duplicates"]) == (n, 0, 0)
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        assert conn.execute("SELECT count(*) FROM processed").fetchone()[0] == n
+
+
+# --- a QDIR or demo folder that cannot be made ---------------------------------------
+
+
+def test_init_under_a_file_or_a_read_only_folder_is_one_line(
+    tmp_path: Path, no_root_override: list[str]
+) -> None:
+    (tmp_path / "afile").write_text("x")
+    r = run_cli("dirq", "init", str(tmp_path / "afile" / "q"))
+    assert r.returncode == 2, r.stderr
+    _one_line(r, "afile")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    for args in (("dirq", "init", str(ro / "q")), ("demo", "--dir", str(ro / "d"))):
+        r = _cli(no_root_override, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        _one_line(r, str(ro), "Permission denied")
+    assert os.listdir(ro) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from onceq.cli.output import console, emit_json
-from onceq.errors import Conflict
+from onceq.errors import Conflict, UsageError
 
 MARKER = ".onceq-demo"
 
@@ -38,12 +38,15 @@ def demo(root: Path, as_json: bool) -> None:
     from onceq.ledger import Ledger
     from onceq.sample import sample_dir
 
-    if root.exists():
-        if not (root / MARKER).exists():
-            raise Conflict(f"{root}: exists and is not an onceq demo folder; choose --dir")
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    (root / MARKER).write_text("made by onceq demo; deleted by the next run\n")
+    if root.exists() and not (root / MARKER).exists():
+        raise Conflict(f"{root}: exists and is not an onceq demo folder; choose --dir")
+    try:
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        (root / MARKER).write_text("made by onceq demo; deleted by the next run\n")
+    except OSError as exc:  # a folder we may not write: one line, not a traceback
+        raise UsageError(f"{exc.filename or root}: cannot make the demo: {exc.strerror}") from exc
     queue = DirQueue(root)
     queued = queue.init(sample_dir())
     stats = consume(root)

@@ -4,6 +4,7 @@ Each failure has its own reason, recorded in the ledger and shown in error.csv:
 
 | reason        | the file …                                                      |
 | not-a-file    | is a subfolder or a symlink (never followed out of the queue)   |
+| unreadable    | may not be read by this user (replay it once its mode is fixed) |
 | too-large     | is larger than the size limit (not read)                        |
 | empty         | has no bytes, or only white space                               |
 | encoding      | is not valid UTF-8                                              |
@@ -31,6 +32,7 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 
 REASONS = (
     "not-a-file",
+    "unreadable",
     "too-large",
     "empty",
     "encoding",
@@ -103,6 +105,8 @@ def parse_document(body: bytes, spec: MessageSpec) -> dict[str, Any] | Outcome:
 def decode(delivery: Delivery, spec: MessageSpec) -> Outcome:
     """Decode a file's bytes into the fields to record, setting `delivery.msg_id`."""
     kind = delivery.headers.get("kind", "file")
+    if kind == "unreadable":
+        return _reject("unreadable", delivery.headers.get("detail", ""))
     if kind != "file":
         return _reject("not-a-file", kind)
     if delivery.headers.get("size", 0) > spec.max_bytes:

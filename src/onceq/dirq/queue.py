@@ -57,12 +57,16 @@ class DirQueue:
             clash = [p.name for p in files if os.path.lexists(self.folder("inbox") / p.name)]
             if clash:
                 raise Conflict(f"{self.folder('inbox') / clash[0]}: already in the inbox")
-        for f in FOLDERS:
-            self.folder(f).mkdir(parents=True, exist_ok=True)
         inbox = self.folder("inbox")
-        for p in files:
-            write_atomic(inbox, p.name, p.read_bytes())
-        fsync_dir(inbox)
+        try:
+            for f in FOLDERS:
+                self.folder(f).mkdir(parents=True, exist_ok=True)
+            for p in files:
+                write_atomic(inbox, p.name, p.read_bytes())
+            fsync_dir(inbox)
+        except OSError as exc:  # a parent that is a file, a folder we may not write
+            where = exc.filename or self.root
+            raise UsageError(f"{where}: cannot create the queue: {exc.strerror}") from exc
         return len(files)
 
     def counts(self, folders: Sequence[str] = FOLDERS) -> dict[str, int]:

@@ -31,7 +31,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from onceq.dirq.files import is_message_name, link_no_clobber, open_dir
-from onceq.dirq.queue import DirQueue
+from onceq.dirq.queue import FOLDERS, DirQueue
+from onceq.errors import UsageError
 from onceq.transport import Delivery, Settle
 
 LOCK = ".lock"
@@ -66,12 +67,18 @@ class Worker:
         # instant, so no recovering consumer ever mistakes a starting consumer for a
         # dead one. A kill before the move leaves an empty nursery folder that no
         # consumer scans for claims; a later one removes it.
-        self._sweep_nurseries()
-        tmp = self.queue.root / f".{self.id}{NURSERY}"
-        tmp.mkdir()
-        fd = os.open(tmp / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(tmp, self.dir)
+        self._check_writable()
+        try:
+            self._sweep_nurseries()
+            tmp = self.queue.root / f".{self.id}{NURSERY}"
+            tmp.mkdir()
+            fd = os.open(tmp / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(tmp, self.dir)
+        except OSError as exc:  # e.g. no room for the claim folder: nothing claimed yet
+            raise UsageError(
+                f"{self.queue.root}: cannot start a consumer here: {exc.strerror}"
+            ) from exc
         self._lock_fd = fd
         # Folder descriptors for the hot path: each claim, read and move is a call
         # relative to an open folder instead of a walk down the whole path.
@@ -79,6 +86,16 @@ class Worker:
         self._fds["own"] = open_dir(self.dir)
         self._recovered = self._recover()
         return self
+
+    def _check_writable(self) -> None:
+        """Refuse, before claiming anything, a queue whose folders we cannot change.
+
+        Found only at the first move, a read-only done/ would stop the run with a
+        whole group claimed (safe, but the user's command was refused half-way).
+        """
+        for path in (self.queue.root, *(self.queue.folder(f) for f in FOLDERS)):
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise UsageError(f"{path}: not writable here; a consumer moves files in it")
 
     def close(self) -> None:
         """Remove our folder if it is empty (processing/ ends empty), drop the lock."""
@@ -175,6 +192,8 @@ class Worker:
             os.rename(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=self._fds["own"])
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            raise UsageError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
         self._held.add(name)
         return True
 
@@ -215,7 +234,16 @@ class Worker:
         elif st.st_size <= self.max_bytes:
             # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
             # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=own)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=own)
+            except OSError as exc:
+                # Another user's file we may not read: it is quarantined (replayable
+                # once its mode is fixed) rather than stopping the queue behind it.
+                headers["kind"] = "unreadable"
+                headers["detail"] = exc.strerror or str(exc)
+                return Delivery(
+                    b"", name, redelivered=redelivered, stable_ref=True, token=name, headers=headers
+                )
             try:
                 # Read what the lstat promised plus one byte, up to the limit + 1: a
                 # file that grew past the limit meanwhile is seen as too large, and
@@ -255,7 +283,18 @@ class Worker:
             # The directory queue has no second delivery: anything not ACKed is
             # quarantined, never put back in the inbox (that would be a poison loop).
             dest = "done" if settle is Settle.ACK else "error"
-            _, linked = link_no_clobber(d.token, d.ref, src_dir_fd=own, dst_dir_fd=self._fds[dest])
+            try:
+                _, linked = link_no_clobber(
+                    d.token, d.ref, src_dir_fd=own, dst_dir_fd=self._fds[dest]
+                )
+            except OSError as exc:
+                # The records are durable and the claims stay in our folder: the next
+                # run takes them over and finishes these moves (nothing lost, nothing
+                # applied twice). The run stops: every later move would fail alike.
+                raise UsageError(
+                    f"{self.queue.folder(dest)}: cannot move {d.ref} there: {exc.strerror};"
+                    " the claimed files wait in processing/ for the next run"
+                ) from exc
             if linked:
                 to_unlink.append(d.token)
             touched.add(dest)
