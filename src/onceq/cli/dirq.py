@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from onceq.cli.output import console, emit_json
+
+if TYPE_CHECKING:
+    from onceq.consumer import Stats
+    from onceq.dirq.message import MessageSpec
 
 QDIR = click.Path(path_type=Path, file_okay=False)
 DB_HELP = "Ledger database (default: QDIR/ledger.db)."
@@ -90,42 +94,61 @@ def consume(
     after the commit; bad files go to error/ with a reason. Files a killed
     consumer left in processing/ are recovered first.
 
+    Ctrl-C or SIGTERM stops cleanly: nothing more is claimed, what is held is
+    committed and moved, the rest stays in inbox/; exit 130 (SIGINT) or 143
+    (SIGTERM). A second signal stops at once (the next run recovers the claims).
+
     \b
     Example:
       onceq dirq consume ./q --workers 2
     """
     from onceq.dirq.message import MessageSpec
     from onceq.dirq.queue import DirQueue
-    from onceq.dirq.run import consume as run_consume
-    from onceq.dirq.run import consume_parallel
+    from onceq.dirq.run import Interrupted
+    from onceq.ledger import Ledger
 
     spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
-    from onceq.ledger import Ledger
-
     Ledger(db or queue.default_db).close()
+    try:
+        stats = _run_consume(qdir, db, spec, workers, progress=not as_json)
+    except Interrupted as exc:
+        # A clean stop: what it did is printed like a finished run's, then the one
+        # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
+        _print_summary(qdir, exc.stats, as_json, stopped_by=exc.signal_name)
+        raise
+    _print_summary(qdir, stats, as_json)
+
+
+def _run_consume(
+    qdir: Path, db: Path | None, spec: MessageSpec, workers: int, progress: bool
+) -> Stats:
+    from onceq.dirq.run import consume, consume_parallel
+
     if workers > 1:
-        stats = consume_parallel(qdir, db, spec, workers)
-    elif as_json:
-        stats = run_consume(qdir, db, spec)
-    else:
-        from rich.progress import Progress, SpinnerColumn, TextColumn
+        return consume_parallel(qdir, db, spec, workers)
+    if not progress:
+        return consume(qdir, db, spec)
+    from rich.progress import Progress, SpinnerColumn, TextColumn
 
-        with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), console=console(), transient=True
-        ) as progress:
-            task = progress.add_task("consuming", total=None)
-            seen = 0
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), console=console(), transient=True
+    ) as bar:
+        task = bar.add_task("consuming", total=None)
+        seen = 0
 
-            def tick(group: object) -> None:
-                nonlocal seen
-                seen += len(group)  # type: ignore[arg-type]
-                progress.update(task, description=f"consumed {seen}")
+        def tick(group: object) -> None:
+            nonlocal seen
+            seen += len(group)  # type: ignore[arg-type]
+            bar.update(task, description=f"consumed {seen}")
 
-            stats = run_consume(qdir, db, spec, on_settled=tick)
+        return consume(qdir, db, spec, on_settled=tick)
+
+
+def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:
     if as_json:
-        emit_json(stats.as_dict())
+        emit_json({**stats.as_dict(), **({"stopped_by": stopped_by} if stopped_by else {})})
         return
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.reasons.items())) or "none"
     console().print(
