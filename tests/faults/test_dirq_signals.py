@@ -101,3 +101,22 @@ def test_workers_stop_with_their_parent(
     _check_stopped_mid_run(root, out, err, sig)
     finish(root)
     check_invariants(root, exp)
+
+
+def test_a_worker_killed_under_its_parent_is_reported_not_waited_for(tmp_path: Path) -> None:
+    # Before: the parent waited for a report from each worker, forever.
+    root = tmp_path / "q"
+    exp = make_queue(root, N, seed=23)
+    proc = start("dirq", "consume", str(root), "--json", "--workers", "2")
+    _wait_until_settled(root, proc, 600)
+    children = [p for p in _our_processes(root) if p != proc.pid]
+    assert children, "no worker found"
+    os.kill(children[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "died without reporting" in lines[0], err
+    assert _our_processes(root) == []
+    summary = finish(root)  # the dead worker's claims are recovered
+    assert summary["received"] > 0
+    check_invariants(root, exp)

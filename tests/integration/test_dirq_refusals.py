@@ -169,11 +169,15 @@ def _cli(prefix: list[str], *args: str) -> subprocess.CompletedProcess[str]:
 # --- folders the run cannot write -------------------------------------------------------
 
 
-@pytest.mark.parametrize("folder", ["done", "error", "inbox", "processing", "."])
+@pytest.mark.parametrize(
+    "folder, workers",
+    [("done", "1"), ("error", "1"), ("inbox", "1"), ("processing", "1"), (".", "1"), ("done", "2")],
+)
 def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
-    tmp_path: Path, no_root_override: list[str], folder: str
+    tmp_path: Path, no_root_override: list[str], folder: str, workers: str
 ) -> None:
-    # Before: a read-only done/ ended the run at the first move with a traceback.
+    # Before: a read-only done/ ended the run at the first move with a traceback;
+    # with --workers each worker's error came back as a RuntimeError traceback.
     q = _sample_queue(tmp_path)
     db = tmp_path / "ledger.db"  # beside the queue: a read-only QDIR still opens it
     Ledger(db).close()
@@ -181,7 +185,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
     target.chmod(0o555)
     try:
         before = _snapshot(q)
-        r = _cli(no_root_override, "dirq", "consume", str(q), "--db", str(db))
+        r = _cli(no_root_override, "dirq", "consume", str(q), "--db", str(db), "--workers", workers)
         assert r.returncode == 2, r.stdout + r.stderr
         _one_line(r, str(target.resolve() if folder == "." else target), "not writable")
         assert _snapshot(q) == before
