@@ -20,6 +20,7 @@ from mq_support import (
     rows,
     start_consumer,
     topology,
+    wait_for,
     write_claims,
 )
 
@@ -199,11 +200,14 @@ def test_two_consumer_processes_share_one_ledger_each_claim_once(
     recorded exactly once, both take part, and neither hits 'database is locked'."""
     n = 400
     topology(amqp_url)
-    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"two-{i}") for i in range(n)]))
+    files = write_claims(tmp_path / "c", [claim_doc(f"two-{i}") for i in range(n)])
     db = tmp_path / "processed.db"
-    with partner() as p:
+    with partner(delay=0.02) as p:
         procs = [start_consumer(amqp_url, p.url, db, "--prefetch", "20") for _ in range(2)]
         try:
+            # Publish only once both consume: a slow start must not leave one idle.
+            wait_for(lambda: _consumers(amqp_url) == 2, timeout=15, step=0.2)
+            publish(amqp_url, *files)
             deadline = time.monotonic() + 15
             while p.stats()["total"] < n and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -221,3 +225,12 @@ def test_two_consumer_processes_share_one_ledger_each_claim_once(
     assert stats["total"] == n and set(stats["by_guid"].values()) == {1}
     assert rows(db, "SELECT count(*), count(DISTINCT msg_id) FROM processed") == [(n, n)]
     assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def _consumers(url: str) -> int:
+    from mq_support import ctl, vhost
+
+    out = ctl("list_queues", "-p", vhost(url), "name", "consumers", "--formatter", "json")
+    return next(
+        (int(q["consumers"]) for q in json.loads(out or "[]") if q["name"] == "claim.in"), 0
+    )
