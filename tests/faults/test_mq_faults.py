@@ -114,7 +114,10 @@ def test_a_silent_broker_ends_the_consumer_after_the_connect_timeout(tmp_path: P
         proc = start_consumer(
             f"amqp://guest:s3cret@127.0.0.1:{port}/v", "http://127.0.0.1:9", tmp_path / "l.db"
         )
-        out, err = proc.communicate(timeout=18)  # CONNECT_TIMEOUT is 10 s
+        try:
+            out, err = proc.communicate(timeout=18)  # CONNECT_TIMEOUT is 10 s
+        finally:
+            proc.kill()  # a consumer that hangs must not outlive the test
         took = time.monotonic() - t0
     finally:
         listener.close()
@@ -218,9 +221,11 @@ def test_kill_9_mid_run_loses_nothing_and_a_restart_finishes(amqp_url: str, tmp_
         before = len(rows(db, "SELECT msg_id FROM processed"))
         wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=10)  # unacked return
         rest = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
-        wait_for(lambda: rows(db, "SELECT count(*) FROM processed") == [(n,)], timeout=20)
-        rest.terminate()
-        out, err = rest.communicate(timeout=15)
+        try:
+            wait_for(lambda: rows(db, "SELECT count(*) FROM processed") == [(n,)], timeout=20)
+        finally:
+            rest.terminate()
+            out, err = rest.communicate(timeout=15)
         stats = p.stats()
     assert rest.returncode == 0, err
     assert 0 < before < n
