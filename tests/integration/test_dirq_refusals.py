@@ -284,3 +284,13 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
         assert r.returncode == 2, (args, r.stderr)
         _one_line(r, str(ro), "Permission denied")
     assert os.listdir(ro) == []
+
+
+def test_a_required_list_with_no_field_names_the_option(tmp_path: Path) -> None:
+    q = _sample_queue(tmp_path)
+    before = _snapshot(q)
+    for command in ("consume", "schema"):
+        r = run_cli("dirq", command, str(q), "--required", " , ")
+        assert r.returncode == 2, r.stderr
+        _one_line(r, "--required", "names no field")
+    assert _snapshot(q) == before

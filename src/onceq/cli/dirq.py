@@ -51,7 +51,7 @@ def init(qdir: Path, source: Path | None) -> None:
 def _parse_required(value: str) -> tuple[str, ...]:
     fields = tuple(f.strip() for f in value.split(",") if f.strip())
     if not fields:
-        raise click.BadParameter("name at least one field")
+        raise click.BadParameter(f"{value!r} names no field", param_hint="'--required'")
     return fields
 
 
