@@ -77,14 +77,18 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: mask by pattern instead
+        return redact_text(url)
     if parts.password is None:
         return url
     host = parts.hostname or ""
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
     netloc = f"{parts.username or ''}:***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
+    if port is not None:
+        netloc += f":{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 

@@ -27,3 +27,8 @@ def test_every_error_kind_has_its_own_exit_code() -> None:
     codes = list(errors.EXIT_CODES.values())
     assert len(codes) == len(set(codes))
     assert 0 not in codes and 1 not in codes  # 1 is "threshold exceeded / check failed"
+
+
+def test_redact_url_survives_a_port_that_is_not_a_number() -> None:
+    out = errors.redact_url("amqp://guest:s3cret@127.0.0.1:notaport/%2F")
+    assert "s3cret" not in out and "guest:***@" in out
