@@ -133,6 +133,7 @@ async def run_amqp(url: str, db: Path) -> tuple[Spy, Any, dict[str, str], int]:
             )
     transport = AmqpTransport(url, prefetch=8)
     await transport.open()
+    await transport.start()
     try:
         spy = Spy(transport, db, lambda d: d.token.headers["ref"], expected=len(MESSAGES))
         stats = await _run(spy, db, handler.decode, max_attempts=2)
