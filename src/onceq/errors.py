@@ -9,7 +9,9 @@
     │                                   not JSON, no id)
     ├── Unroutable                  6   the broker returned or nacked a published message
     ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
-    └── LedgerError                 8   the ledger database cannot be opened or written
+    ├── LedgerError                 8   the ledger database cannot be opened or written
+    └── QueueError                  9   a queue folder cannot be created, written or
+                                        claimed in (permissions, disk full)
 
 Third-party exceptions (aiormq/aio-pika, aiohttp, sqlite3, OSError) are translated into
 this tree at one boundary per library; the CLI maps the tree to exit codes and prints
@@ -57,6 +59,10 @@ class LedgerError(OnceqError):
     exit_code = 8
 
 
+class QueueError(OnceqError):
+    exit_code = 9
+
+
 EXIT_CODES: dict[str, int] = {
     cls.__name__: cls.exit_code
     for cls in (
@@ -67,6 +73,7 @@ EXIT_CODES: dict[str, int] = {
         Unroutable,
         BrokerUnavailable,
         LedgerError,
+        QueueError,
     )
 }
 

@@ -186,7 +186,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
     try:
         before = _snapshot(q)
         r = _cli(no_root_override, "dirq", "consume", str(q), "--db", str(db), "--workers", workers)
-        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.returncode == 9, r.stdout + r.stderr  # QueueError
         _one_line(r, str(target.resolve() if folder == "." else target), "not writable")
         assert _snapshot(q) == before
     finally:
@@ -253,7 +253,7 @@ find "$MNT/q/processing" -mindepth 1 | wc -l | sed 's/^/processing2=/'
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     facts = dict(line.split("=", 1) for line in r.stdout.split())
     err = (tmp_path / "err.txt").read_text()
-    assert facts["first"] == "2", (r.stdout, r.stderr, err)
+    assert facts["first"] == "9", (r.stdout, r.stderr, err)  # QueueError
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "done: cannot move" in lines[0], err
     assert "No space left" in lines[0], err
@@ -275,13 +275,13 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
 ) -> None:
     (tmp_path / "afile").write_text("x")
     r = run_cli("dirq", "init", str(tmp_path / "afile" / "q"))
-    assert r.returncode == 2, r.stderr
+    assert r.returncode == 9, r.stderr  # QueueError
     _one_line(r, "afile")
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
     for args in (("dirq", "init", str(ro / "q")), ("demo", "--dir", str(ro / "d"))):
         r = _cli(no_root_override, *args)
-        assert r.returncode == 2, (args, r.stderr)
+        assert r.returncode == 9, (args, r.stderr)  # QueueError
         _one_line(r, str(ro), "Permission denied")
     assert os.listdir(ro) == []
 

@@ -15,7 +15,7 @@ from onceq.errors import OnceqError, redact_text
 EPILOG = (
     "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found,"
     " 4 conflict, 5 bad message, 6 unroutable, 7 broker unavailable, 8 ledger error,"
-    " 130 interrupted."
+    " 9 queue folder not writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM)."
 )
 
 

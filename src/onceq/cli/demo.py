@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from onceq.cli.output import console, emit_json
-from onceq.errors import Conflict, UsageError
+from onceq.errors import Conflict, QueueError
 
 MARKER = ".onceq-demo"
 
@@ -46,7 +46,7 @@ def demo(root: Path, as_json: bool) -> None:
         root.mkdir(parents=True)
         (root / MARKER).write_text("made by onceq demo; deleted by the next run\n")
     except OSError as exc:  # a folder we may not write: one line, not a traceback
-        raise UsageError(f"{exc.filename or root}: cannot make the demo: {exc.strerror}") from exc
+        raise QueueError(f"{exc.filename or root}: cannot make the demo: {exc.strerror}") from exc
     queue = DirQueue(root)
     queued = queue.init(sample_dir())
     stats = consume(root)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from onceq.dirq.files import check_name, fsync_dir, is_message_name, write_atomic
-from onceq.errors import Conflict, NotFound, UsageError
+from onceq.errors import Conflict, NotFound, QueueError, UsageError
 
 FOLDERS = ("inbox", "processing", "done", "error")
 
@@ -66,7 +66,7 @@ class DirQueue:
             fsync_dir(inbox)
         except OSError as exc:  # a parent that is a file, a folder we may not write
             where = exc.filename or self.root
-            raise UsageError(f"{where}: cannot create the queue: {exc.strerror}") from exc
+            raise QueueError(f"{where}: cannot create the queue: {exc.strerror}") from exc
         return len(files)
 
     def counts(self, folders: Sequence[str] = FOLDERS) -> dict[str, int]:

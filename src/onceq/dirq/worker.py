@@ -32,7 +32,7 @@ from pathlib import Path
 
 from onceq.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.dirq.queue import FOLDERS, DirQueue
-from onceq.errors import UsageError
+from onceq.errors import QueueError
 from onceq.transport import Delivery, Settle
 
 LOCK = ".lock"
@@ -76,7 +76,7 @@ class Worker:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.rename(tmp, self.dir)
         except OSError as exc:  # e.g. no room for the claim folder: nothing claimed yet
-            raise UsageError(
+            raise QueueError(
                 f"{self.queue.root}: cannot start a consumer here: {exc.strerror}"
             ) from exc
         self._lock_fd = fd
@@ -95,7 +95,7 @@ class Worker:
         """
         for path in (self.queue.root, *(self.queue.folder(f) for f in FOLDERS)):
             if not os.access(path, os.W_OK | os.X_OK):
-                raise UsageError(f"{path}: not writable here; a consumer moves files in it")
+                raise QueueError(f"{path}: not writable here; a consumer moves files in it")
 
     def close(self) -> None:
         """Remove our folder if it is empty (processing/ ends empty), drop the lock."""
@@ -193,7 +193,7 @@ class Worker:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise UsageError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
+            raise QueueError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
         self._held.add(name)
         return True
 
@@ -291,7 +291,7 @@ class Worker:
                 # The records are durable and the claims stay in our folder: the next
                 # run takes them over and finishes these moves (nothing lost, nothing
                 # applied twice). The run stops: every later move would fail alike.
-                raise UsageError(
+                raise QueueError(
                     f"{self.queue.folder(dest)}: cannot move {d.ref} there: {exc.strerror};"
                     " the claimed files wait in processing/ for the next run"
                 ) from exc

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from onceq.errors import Conflict, NotFound, OnceqError, UsageError, redact_text
+from onceq.errors import Conflict, NotFound, OnceqError, QueueError, UsageError, redact_text
 from onceq.lab import python_preamble, shell_onceq, write_script
 
 CONSUME_PY = """
@@ -136,7 +136,7 @@ def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
     try:
         queued = DirQueue(q).init(src)
     except OSError as exc:  # a root we may not write into: one line, not a traceback
-        raise UsageError(f"{q}: cannot create the queue: {exc.strerror}") from exc
+        raise QueueError(f"{q}: cannot create the queue: {exc.strerror}") from exc
     # Before any consume the valid messages are all in inbox/.
     write_atomic(q, "schema.csv", schema_csv(q).encode())
     write_script(q / "consume.py", python_preamble() + CONSUME_PY)
