@@ -41,3 +41,31 @@ def run_cli(
         cwd=cwd,
         timeout=timeout,
     )
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under root (a ledger and its -wal/-shm included) with a hash of its bytes.
+
+    Collects garbage first: a sqlite3 connection that a test left to the garbage
+    collector would otherwise close (and delete the ledger's -wal/-shm files) at a
+    random moment in the middle of the walk. Tests open sqlite3 as
+    `with contextlib.closing(sqlite3.connect(p)) as c, c:` — closed, and committed
+    (a bare `with sqlite3.connect(p)` commits but never closes).
+    """
+    import gc
+    import hashlib
+
+    gc.collect()
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = "link:" + os.readlink(p)
+            else:
+                with open(p, "rb") as fh:
+                    out[rel] = hashlib.sha256(fh.read()).hexdigest()
+    return out

@@ -13,6 +13,7 @@ test_dirq_concurrency.py.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -87,7 +88,7 @@ def make_queue(
 
 
 def rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         return conn.execute(sql).fetchall()
 
 

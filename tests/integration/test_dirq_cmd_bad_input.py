@@ -7,6 +7,7 @@ dotfiles and *.tmp (a producer's partial writes) stay in the inbox.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -92,7 +93,10 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     assert sorted(os.listdir(inbox)) == [".partial.json", "half.json.tmp"]
 
     # The ledger: one failure per file with its reason, and the detail naming the problem.
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         failures = {
             ref: (reason, detail)
             for ref, reason, detail in conn.execute("SELECT ref, reason, detail FROM failures")
@@ -125,9 +129,15 @@ def test_a_second_consume_leaves_the_quarantine_and_ledger_alone(tmp_path: Path)
     run_cli("dirq", "init", str(q))
     (q / "inbox" / "broken.json").write_bytes(b"{")
     assert run_cli("dirq", "consume", str(q)).returncode == 0
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         first = conn.execute("SELECT ref, reason FROM failures").fetchall()
     assert run_cli("dirq", "consume", str(q)).returncode == 0
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT ref, reason FROM failures").fetchall() == first
     assert first == [("broken.json", "parse")]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import hashlib
 import json
 import os
 import shutil
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, run_cli
+from support import SAMPLE, run_cli, snapshot
 
 COMMANDS = ("init", "consume", "schema", "order-check", "lag", "replay", "report")
 
@@ -49,23 +49,6 @@ def sample_q(tmp_path: Path) -> Path:
     assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
     _consume(q)
     return q
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    """Every entry under root (the ledger included) with a hash of its bytes."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            rel = os.path.relpath(p, root)
-            if os.path.islink(p):
-                out[rel] = "link:" + os.readlink(p)
-            else:
-                with open(p, "rb") as fh:
-                    out[rel] = hashlib.sha256(fh.read()).hexdigest()
-    return out
 
 
 def _one_line_error(r: object) -> None:
@@ -227,7 +210,10 @@ def test_order_check_runs_a_users_query_read_only(sample_q: Path, tmp_path: Path
     r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(delete))
     assert r.returncode == 8
     _one_line_error(r)
-    with sqlite3.connect(sample_q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(sample_q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT count(*) FROM processed").fetchone()[0] == 15
 
 
@@ -347,7 +333,10 @@ def test_replay_moves_the_file_back_and_records_it(sample_q: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert not (sample_q / "error" / "msg-009.json").exists()
     assert (sample_q / "inbox" / "msg-009.json").read_bytes() == body
-    with sqlite3.connect(sample_q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(sample_q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("msg-009.json",)]
 
 
@@ -358,7 +347,7 @@ def test_replay_records_into_the_db_named_by_option(tmp_path: Path) -> None:
     r = run_cli("dirq", "replay", str(q), "x.json", "--db", str(db))
     assert r.returncode == 0, r.stderr
     assert not (q / "ledger.db").exists()
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("x.json",)]
 
 
@@ -378,12 +367,12 @@ def test_a_refused_replay_changes_no_folder_and_no_database(
     sample_q: Path, name: str, code: int
 ) -> None:
     (sample_q / "inbox" / "msg-015.json").write_bytes(b'{"fixed": "by a human"}')
-    before = _snapshot(sample_q)
+    before = snapshot(sample_q)
     assert "ledger.db" in before
     r = run_cli("dirq", "replay", str(sample_q), name)
     assert r.returncode == code, r.stderr
     _one_line_error(r)
-    assert _snapshot(sample_q) == before
+    assert snapshot(sample_q) == before
 
 
 @pytest.mark.parametrize(("name", "code"), REFUSALS)
@@ -396,12 +385,12 @@ def test_a_refused_replay_does_not_create_the_database(
     (q / "error" / "a").mkdir()
     (q / "inbox" / "msg-015.json").write_bytes(b"{}")
     other_db = tmp_path / "other" / "l.db"
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     r = run_cli("dirq", "replay", str(q), name, "--db", str(other_db))
     assert r.returncode == code, r.stderr
     r = run_cli("dirq", "replay", str(q), name)
     assert r.returncode == code, r.stderr
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
     assert not (q / "ledger.db").exists() and not other_db.parent.exists()
 
 

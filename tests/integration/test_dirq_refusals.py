@@ -6,7 +6,7 @@ claimed files wait in processing/ and the next run finishes them).
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from onceq.ledger import Ledger
-from support import SAMPLE, run_cli
+from support import SAMPLE, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
 # source and ref columns, no duplicates/failures tables.
@@ -27,14 +27,6 @@ CREATE TABLE processed (msg_id TEXT PRIMARY KEY, order_no TEXT, seq INTEGER, amo
                         processed_at TEXT NOT NULL);
 INSERT INTO processed VALUES ('m-0001', 'A', 1, 1.0, '2024-01-01T00:00:00');
 """
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def _one_line(r: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -61,14 +53,17 @@ def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: 
     # Before: every insert failed on the missing columns and each good message was
     # quarantined to error/ as "ledger-refused"; report died with a traceback.
     q = _sample_queue(tmp_path)
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         conn.executescript(OLD_SCHEMA)
-    before = _snapshot(q)
+    before = snapshot(q)
     for args in (("consume",), ("consume", "--workers", "2"), ("report",), ("order-check",)):
         r = run_cli("dirq", *args, str(q))
         assert r.returncode == 8, (args, r.stdout, r.stderr)
         _one_line(r, "ledger.db", "processed.source")
-        assert _snapshot(q) == before, args
+        assert snapshot(q) == before, args
 
 
 def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
@@ -76,7 +71,7 @@ def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
     empty, text = tmp_path / "empty.db", tmp_path / "notes.db"
     empty.write_bytes(b"")
     text.write_text("not a database, just notes\n" * 10)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     for db in (empty, text):
         r = run_cli("dirq", "order-check", "--db", str(db))
         assert r.returncode == 8, r.stderr
@@ -85,7 +80,7 @@ def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
         assert r.returncode == 8, r.stderr
         _one_line(r, db.name)
     # Before: opening the empty file turned it into a WAL database (4 KiB, -wal, -shm).
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -> None:
@@ -106,7 +101,10 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
     assert run_cli("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
     for name in ("a.json", "b.json", "c.json", "d.json"):
         os.rename(q / "done" / name, q / "inbox" / name)
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         conn.execute("DELETE FROM processed")
         conn.execute(
             "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
@@ -118,7 +116,10 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
     assert (out["processed"], out["duplicates"], out["reasons"]) == (2, 1, {"ledger-refused": 1})
     assert sorted(os.listdir(q / "done")) == ["a.json", "c.json", "d.json"]
     assert os.listdir(q / "error") == ["b.json"]
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT msg_id, ref FROM duplicates").fetchall() == [("m1", "c.json")]
 
 
@@ -130,7 +131,10 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
     q = _sample_queue(tmp_path)
     Ledger(q / "ledger.db").close()
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         conn.execute("CREATE TABLE audit (msg_id TEXT)")
         conn.execute(
             "CREATE TRIGGER audit_it AFTER INSERT ON processed"
@@ -141,7 +145,10 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     assert r.returncode == 8, r.stderr
     _one_line(r, "ledger.db", "audit")
     assert os.listdir(q / "error") == [] and os.listdir(q / "done") == []
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         conn.execute("DROP TRIGGER audit_it")
     r = run_cli("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
@@ -184,11 +191,11 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
     target = q / folder
     target.chmod(0o555)
     try:
-        before = _snapshot(q)
+        before = snapshot(q)
         r = _cli(no_root_override, "dirq", "consume", str(q), "--db", str(db), "--workers", workers)
         assert r.returncode == 9, r.stdout + r.stderr  # QueueError
         _one_line(r, str(target.resolve() if folder == "." else target), "not writable")
-        assert _snapshot(q) == before
+        assert snapshot(q) == before
     finally:
         target.chmod(0o755)
     assert run_cli("dirq", "consume", str(q), "--db", str(db)).returncode == 0
@@ -263,7 +270,10 @@ find "$MNT/q/processing" -mindepth 1 | wc -l | sed 's/^/processing2=/'
     second = json.loads((tmp_path / "out.json").read_text())
     # Committed before the failure, moved now: recovered, not processed twice.
     assert (second["recovered"], second["processed"], second["duplicates"]) == (n, 0, 0)
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT count(*) FROM processed").fetchone()[0] == n
 
 
@@ -288,9 +298,9 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
 
 def test_a_required_list_with_no_field_names_the_option(tmp_path: Path) -> None:
     q = _sample_queue(tmp_path)
-    before = _snapshot(q)
+    before = snapshot(q)
     for command in ("consume", "schema"):
         r = run_cli("dirq", command, str(q), "--required", " , ")
         assert r.returncode == 2, r.stderr
         _one_line(r, "--required", "names no field")
-    assert _snapshot(q) == before
+    assert snapshot(q) == before

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import hashlib
 import json
 import os
 import sqlite3
@@ -13,21 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, run_cli
+from support import SAMPLE, run_cli, snapshot
 
 SCRIPTS = ("consume.py", "lag.sh", "replay.sh")
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
 def _processed(q: Path) -> int:
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         return int(conn.execute("SELECT count(*) FROM processed").fetchone()[0])
 
 
@@ -139,21 +134,24 @@ def test_replay_sh_exit_codes_and_effect(tmp_path: Path) -> None:
     assert run_cli("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
     q = tmp_path / "R" / "q"
     replay = str(q / "replay.sh")
-    before = _snapshot(q)
+    before = snapshot(q)
     for name, code in (("nope.json", 3), ("..", 2), ("a/b", 2), ("", 2)):
         r = _run([replay, name], tmp_path)
         assert r.returncode == code, (name, r.stderr)
     assert _run([replay], tmp_path).returncode == 2
-    assert _snapshot(q) == before
+    assert snapshot(q) == before
     (q / "inbox" / "msg-015.json").write_text("{}")
     assert _run([replay, "msg-015.json"], tmp_path).returncode == 4
     (q / "inbox" / "msg-015.json").unlink()
-    assert _snapshot(q) == before
+    assert snapshot(q) == before
     r = _run([replay, "msg-009.json"], Path("/"))
     assert r.returncode == 0, r.stderr
     assert (q / "inbox" / "msg-009.json").exists()
     assert not (q / "error" / "msg-009.json").exists()
-    with sqlite3.connect(q / "ledger.db") as conn:
+    with (
+        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
+        conn,
+    ):  # closed, and committed
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("msg-009.json",)]
 
 
@@ -192,11 +190,11 @@ def test_fixtures_from_a_folder(tmp_path: Path) -> None:
 
 
 def test_a_second_lab_run_is_refused_and_loses_nothing(lab: Path, tmp_path: Path) -> None:
-    before = _snapshot(lab)
+    before = snapshot(lab)
     r = run_cli("lab", "fileq", "--root", str(lab.parent))
     assert r.returncode == 4
     assert r.stderr.startswith("onceq: ") and len(r.stderr.strip().splitlines()) == 1
-    assert _snapshot(lab) == before
+    assert snapshot(lab) == before
 
 
 def test_bad_fixtures_are_refused_before_anything_is_made(tmp_path: Path) -> None:
