@@ -61,7 +61,11 @@ class Ledger:
         self._write = connect(self.path, create=create)
         # A second connection for reads, so a read never waits on (or runs inside) the
         # writer's transaction when the loop commits from a worker thread.
-        self._read = connect(self.path, create=False)
+        try:
+            self._read = connect(self.path, create=False)
+        except BaseException:
+            self._write.close()
+            raise
 
     def close(self) -> None:
         self._write.close()

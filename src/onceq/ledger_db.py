@@ -68,6 +68,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         conn = sqlite3.connect(
             str(p), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
         )
+    except (sqlite3.Error, OSError) as exc:
+        raise _cannot_open(p, exc) from exc
+    try:
         # Checked before the first write (the WAL switch below writes a header): a file
         # that is not our ledger is refused exactly as it was found.
         _check_schema(conn, p, create=create)
@@ -81,10 +84,19 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         if create:
             # One transaction: a concurrent opener never sees half a schema.
             conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
-    except (sqlite3.Error, OSError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise LedgerError(f"{p}: cannot open the ledger: {reason}") from exc
+    except (sqlite3.Error, OSError, LedgerError) as exc:
+        # Close now: a sqlite3 connection sits in a reference cycle (its statement
+        # cache), so left alone it would keep the file open until a garbage collection.
+        conn.close()
+        if isinstance(exc, LedgerError):
+            raise
+        raise _cannot_open(p, exc) from exc
     return conn
+
+
+def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return LedgerError(f"{p}: cannot open the ledger: {reason}")
 
 
 def _tables(conn: sqlite3.Connection) -> dict[str, set[str]]:
