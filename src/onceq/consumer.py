@@ -135,11 +135,13 @@ class Consumer:
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Event] = {}
         self._failure: BaseException | None = None
+        self._receiving = False  # True while deliveries() is being iterated
 
     async def run(self) -> Stats:
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
         tasks: set[asyncio.Task[None]] = set()
+        self._receiving = True
         try:
             async for delivery in self.transport.deliveries():
                 if not await self._acquire_slot(committer):
@@ -161,6 +163,7 @@ class Consumer:
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
                 t.add_done_callback(self._stop_on_error)
+            self._receiving = False
             # Wait for the handlers, but wake at once if the committer dies (ledger error).
             while tasks:
                 done, _ = await asyncio.wait(
@@ -214,6 +217,12 @@ class Consumer:
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 guard = await self._take_turn(d.msg_id)
+                if not self._receiving:
+                    # The transport stopped while this copy waited behind its twin (or
+                    # before it began): start no new call after a stop. It is left
+                    # unsettled, and a broker returns it to the queue when the channel
+                    # closes; the ledger decides next time.
+                    return
                 outcome = await self._effect(d, decoded)
             else:
                 outcome = decoded

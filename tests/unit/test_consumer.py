@@ -207,3 +207,26 @@ def test_a_failed_commit_stops_the_run_and_settles_nothing(tmp_path: Path) -> No
         # the group was rolled back as one: m1's row went with the poison's record
         assert ledger.query("SELECT count(*) FROM processed")[1] == [(0,)]
     assert t.acked == [] and t.dead == [] and t.requeued == []
+
+
+def test_no_new_call_starts_after_a_stop(tmp_path: Path) -> None:
+    """A copy waiting behind its in-flight twin when the transport stops is not called:
+    it stays unsettled (a broker returns it when the channel closes)."""
+    t = MemoryTransport()
+    t.publish(msg("twin", "busy"), ref="first")
+    t.publish(msg("twin", "busy"), ref="second")
+    partner = Partner(delay=0.2)
+
+    async def go() -> None:
+        with Ledger(tmp_path / "l.db") as ledger:
+            consumer = Consumer(t, ledger, decode, partner, max_in_flight=2)
+            run = asyncio.create_task(consumer.run())
+            while partner.active == 0:  # the first copy's call is under way
+                await asyncio.sleep(0.01)
+            t.stop()
+            await run
+
+    asyncio.run(go())
+    assert partner.calls["twin"] == 1
+    assert [d.ref for d in t.requeued] == ["first"]  # settled after its failed call
+    assert t.acked == [] and t.dead == []  # the second was never settled
