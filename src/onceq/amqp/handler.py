@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from onceq.consumer import Outcome
-from onceq.errors import UsageError, redact_text, redact_url
+from onceq.errors import redact_text
 from onceq.transport import Delivery, Kind
 
 CLAIMS_PATH = "/v1/claims"
@@ -54,19 +54,9 @@ def decode(delivery: Delivery) -> Outcome:
 
 def check_claim_url(url: str) -> str:
     """The claim system's base URL, without a trailing slash; UsageError if unusable."""
-    from urllib.parse import urlsplit
+    from onceq.amqp.url import check_url
 
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises on a port that is not a number in 0-65535
-    except ValueError as exc:
-        raise UsageError(f"--claim {redact_text(url)}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--claim {redact_url(url)}: not an http:// or https:// URL")
-    if port == 0:
-        # Refused up front: every call would fail and dead-letter the whole queue.
-        raise UsageError(f"--claim {redact_url(url)}: port 0 cannot be connected to")
-    return url.rstrip("/")
+    return check_url(url, "--claim ", ("http", "https"), "a claim system's port").rstrip("/")
 
 
 class ClaimHandler:

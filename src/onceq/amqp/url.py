@@ -36,18 +36,28 @@ CONNECT_TIMEOUT = 10.0
 def amqp_url(url: str | None = None) -> str:
     """The URL to use: the argument, else EAI_AMQP_URL, else the local default."""
     url = url or os.environ.get(ENV_URL) or DEFAULT_URL
+    return check_url(url, f"{ENV_URL}=", ("amqp", "amqps"), "a broker's port")
+
+
+def check_url(url: str, label: str, schemes: tuple[str, ...], port_role: str) -> str:
+    """url, or UsageError naming `label` (the password masked) when it cannot be used.
+
+    Checked here, not left to aiormq/yarl/aiohttp: they raise a bare ValueError deep
+    in connect, which would surface as a traceback instead of one line. A port of 0
+    is refused up front: every connection would fail (for a claim system, that would
+    dead-letter the whole queue).
+    """
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port that is not a number in 0-65535
     except ValueError as exc:
-        # Checked here, not left to aiormq/yarl: they raise a bare ValueError deep in
-        # connect, which would surface as a traceback instead of one line.
-        # redact_text, not redact_url: the latter parses the URL again (and would raise).
-        raise UsageError(f"{ENV_URL}={redact_text(url)}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-        raise UsageError(f"{ENV_URL}={redact_url(url)}: not an amqp:// or amqps:// URL")
+        # redact_text, not redact_url: the latter parses the URL again.
+        raise UsageError(f"{label}{redact_text(url)}: not a valid URL ({exc})") from None
+    if parts.scheme not in schemes or not parts.hostname:
+        wanted = " or ".join(f"{s}://" for s in schemes)
+        raise UsageError(f"{label}{redact_url(url)}: not an {wanted} URL")
     if port == 0:
-        raise UsageError(f"{ENV_URL}={redact_url(url)}: port 0 is not a broker's port")
+        raise UsageError(f"{label}{redact_url(url)}: port 0 is not {port_role}")
     return url
 
 
