@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 BROKER = ("127.0.0.1", 5672)
@@ -48,9 +51,8 @@ def snapshot(root: Path) -> dict[str, str]:
 
     Collects garbage first: a sqlite3 connection that a test left to the garbage
     collector would otherwise close (and delete the ledger's -wal/-shm files) at a
-    random moment in the middle of the walk. Tests open sqlite3 as
-    `with contextlib.closing(sqlite3.connect(p)) as c, c:` — closed, and committed
-    (a bare `with sqlite3.connect(p)` commits but never closes).
+    random moment in the middle of the walk. Tests open sqlite3 with `open_db(path)`,
+    which closes (a bare `with sqlite3.connect(p)` commits but never closes).
     """
     import gc
     import hashlib
@@ -69,3 +71,19 @@ def snapshot(root: Path) -> dict[str, str]:
                 with open(p, "rb") as fh:
                     out[rel] = hashlib.sha256(fh.read()).hexdigest()
     return out
+
+
+@contextlib.contextmanager
+def open_db(path: str | Path) -> Iterator[sqlite3.Connection]:
+    """A sqlite3 connection that is committed on success and always closed.
+
+    `with sqlite3.connect(p) as c` only commits: the connection sits in a reference
+    cycle and stays open until a garbage collection, which can then delete the
+    ledger's -wal/-shm files under a test's feet.
+    """
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()

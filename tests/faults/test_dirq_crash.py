@@ -13,13 +13,11 @@ test_dirq_concurrency.py.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import run_cli
+from support import open_db, run_cli
 
 
 @dataclass
@@ -88,7 +86,7 @@ def make_queue(
 
 
 def rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+    with open_db(db) as conn:
         return conn.execute(sql).fetchall()
 
 

@@ -7,15 +7,13 @@ dotfiles and *.tmp (a producer's partial writes) stay in the inbox.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import json
 import os
-import sqlite3
 from pathlib import Path
 
-from support import run_cli
+from support import open_db, run_cli
 
 GOOD = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 10}
 MAX_BYTES = 400
@@ -93,10 +91,7 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     assert sorted(os.listdir(inbox)) == [".partial.json", "half.json.tmp"]
 
     # The ledger: one failure per file with its reason, and the detail naming the problem.
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         failures = {
             ref: (reason, detail)
             for ref, reason, detail in conn.execute("SELECT ref, reason, detail FROM failures")
@@ -129,15 +124,9 @@ def test_a_second_consume_leaves_the_quarantine_and_ledger_alone(tmp_path: Path)
     run_cli("dirq", "init", str(q))
     (q / "inbox" / "broken.json").write_bytes(b"{")
     assert run_cli("dirq", "consume", str(q)).returncode == 0
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         first = conn.execute("SELECT ref, reason FROM failures").fetchall()
     assert run_cli("dirq", "consume", str(q)).returncode == 0
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         assert conn.execute("SELECT ref, reason FROM failures").fetchall() == first
     assert first == [("broken.json", "parse")]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, run_cli, snapshot
+from support import SAMPLE, open_db, run_cli, snapshot
 
 COMMANDS = ("init", "consume", "schema", "order-check", "lag", "replay", "report")
 
@@ -210,10 +208,7 @@ def test_order_check_runs_a_users_query_read_only(sample_q: Path, tmp_path: Path
     r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(delete))
     assert r.returncode == 8
     _one_line_error(r)
-    with (
-        contextlib.closing(sqlite3.connect(sample_q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(sample_q / "ledger.db") as conn:
         assert conn.execute("SELECT count(*) FROM processed").fetchone()[0] == 15
 
 
@@ -333,10 +328,7 @@ def test_replay_moves_the_file_back_and_records_it(sample_q: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert not (sample_q / "error" / "msg-009.json").exists()
     assert (sample_q / "inbox" / "msg-009.json").read_bytes() == body
-    with (
-        contextlib.closing(sqlite3.connect(sample_q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(sample_q / "ledger.db") as conn:
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("msg-009.json",)]
 
 
@@ -347,7 +339,7 @@ def test_replay_records_into_the_db_named_by_option(tmp_path: Path) -> None:
     r = run_cli("dirq", "replay", str(q), "x.json", "--db", str(db))
     assert r.returncode == 0, r.stderr
     assert not (q / "ledger.db").exists()
-    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+    with open_db(db) as conn:
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("x.json",)]
 
 

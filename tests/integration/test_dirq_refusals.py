@@ -6,11 +6,9 @@ claimed files wait in processing/ and the next run finishes them).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from onceq.ledger import Ledger
-from support import SAMPLE, run_cli, snapshot
+from support import SAMPLE, open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
 # source and ref columns, no duplicates/failures tables.
@@ -53,10 +51,7 @@ def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: 
     # Before: every insert failed on the missing columns and each good message was
     # quarantined to error/ as "ledger-refused"; report died with a traceback.
     q = _sample_queue(tmp_path)
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         conn.executescript(OLD_SCHEMA)
     before = snapshot(q)
     for args in (("consume",), ("consume", "--workers", "2"), ("report",), ("order-check",)):
@@ -101,10 +96,7 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
     assert run_cli("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
     for name in ("a.json", "b.json", "c.json", "d.json"):
         os.rename(q / "done" / name, q / "inbox" / name)
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         conn.execute("DELETE FROM processed")
         conn.execute(
             "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
@@ -116,10 +108,7 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
     assert (out["processed"], out["duplicates"], out["reasons"]) == (2, 1, {"ledger-refused": 1})
     assert sorted(os.listdir(q / "done")) == ["a.json", "c.json", "d.json"]
     assert os.listdir(q / "error") == ["b.json"]
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         assert conn.execute("SELECT msg_id, ref FROM duplicates").fetchall() == [("m1", "c.json")]
 
 
@@ -131,10 +120,7 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
     q = _sample_queue(tmp_path)
     Ledger(q / "ledger.db").close()
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         conn.execute("CREATE TABLE audit (msg_id TEXT)")
         conn.execute(
             "CREATE TRIGGER audit_it AFTER INSERT ON processed"
@@ -145,10 +131,7 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     assert r.returncode == 8, r.stderr
     _one_line(r, "ledger.db", "audit")
     assert os.listdir(q / "error") == [] and os.listdir(q / "done") == []
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         conn.execute("DROP TRIGGER audit_it")
     r = run_cli("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
@@ -270,10 +253,7 @@ find "$MNT/q/processing" -mindepth 1 | wc -l | sed 's/^/processing2=/'
     second = json.loads((tmp_path / "out.json").read_text())
     # Committed before the failure, moved now: recovered, not processed twice.
     assert (second["recovered"], second["processed"], second["duplicates"]) == (n, 0, 0)
-    with (
-        contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(tmp_path / "ledger.db") as conn:
         assert conn.execute("SELECT count(*) FROM processed").fetchone()[0] == n
 
 

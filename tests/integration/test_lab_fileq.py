@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, run_cli, snapshot
+from support import SAMPLE, open_db, run_cli, snapshot
 
 SCRIPTS = ("consume.py", "lag.sh", "replay.sh")
 
 
 def _processed(q: Path) -> int:
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         return int(conn.execute("SELECT count(*) FROM processed").fetchone()[0])
 
 
@@ -148,10 +143,7 @@ def test_replay_sh_exit_codes_and_effect(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert (q / "inbox" / "msg-009.json").exists()
     assert not (q / "error" / "msg-009.json").exists()
-    with (
-        contextlib.closing(sqlite3.connect(q / "ledger.db")) as conn,
-        conn,
-    ):  # closed, and committed
+    with open_db(q / "ledger.db") as conn:
         assert conn.execute("SELECT ref FROM replays").fetchall() == [("msg-009.json",)]
 
 
