@@ -87,3 +87,31 @@ def open_db(path: str | Path) -> Iterator[sqlite3.Connection]:
             yield conn
     finally:
         conn.close()
+
+
+def plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a user who has not activated the venv.
+
+    PATH without the venv's bin/, no VIRTUAL_ENV or PYTHONPATH: `python3` is then the
+    machine's own interpreter. That interpreter must not be able to import onceq —
+    asserted here, because a machine whose python3 can import onceq (an install
+    outside the venv) makes every test of the generated scripts pass for nothing.
+    """
+    venv_bin = os.path.realpath(os.path.dirname(sys.executable))
+    path = [
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and os.path.realpath(d) != venv_bin
+    ]
+    drop = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "ONCEQ_LAB_PYTHON"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PATH"] = os.pathsep.join(path)
+    env.update(extra or {})
+    probe = subprocess.run(
+        ["python3", "-c", "import onceq"], env=env, cwd="/", capture_output=True, timeout=60
+    )
+    assert probe.returncode != 0, (
+        "python3 outside the venv can import onceq: this machine is contaminated "
+        "(onceq installed outside the venv), so the generated scripts cannot be tested here"
+    )
+    return env

@@ -22,9 +22,16 @@ try:
     import onceq  # noqa: F401
 except ImportError:
     # onceq lives in another interpreter's environment (a venv): run there instead.
+    # A venv is known by its own path (its bin/python beside pyvenv.cfg), not by the
+    # realpath of its interpreter, which is the very base python3 that failed here;
+    # the variable below stops a second exec when even that environment lacks onceq.
     _python = {python!r}
-    if os.path.realpath(sys.executable) == os.path.realpath(_python):
-        raise
+    if os.environ.get("ONCEQ_LAB_PYTHON") == _python or not os.access(_python, os.X_OK):
+        sys.exit(
+            os.path.basename(__file__) + ": cannot import onceq, not even with " + _python
+            + "; install onceq there, or run `onceq lab` again with the python that has it"
+        )
+    os.environ["ONCEQ_LAB_PYTHON"] = _python
     os.execv(_python, [_python, os.path.abspath(__file__), *sys.argv[1:]])
 """
 

@@ -6,6 +6,8 @@
     R/eaimw/mq/publish.py F…  = onceq mq publish F…
     R/eaimw/mq/consumer.py    = onceq mq consume, ledger default R/eaimw/mq/processed.db
     R/eaimw/mq/status.txt     `rabbitmqctl -n rabbit@localhost status` after mq-up.sh
+    R/eaimw/mq/claim.json     a sample claim, so that `python3 publish.py claim.json`
+                              works as the exercise writes it (never overwritten)
 
 Every script reads EAI_AMQP_URL like the commands do. Rewriting the scripts is
 safe (they hold no state), so a second `lab mq` refreshes them and leaves
@@ -77,12 +79,17 @@ def lab_dir(root: Path) -> Path:
 
 
 def write_layout(root: Path) -> Path:
-    """Write the four scripts; returns R/eaimw/mq."""
+    """Write the four scripts and the sample claim.json; returns R/eaimw/mq."""
+    from onceq.sample import sample_dir
+
     d = lab_dir(root)
     write_script(d / "mq-up.sh", MQ_UP_SH)
     write_script(d / "topology.py", python_preamble() + TOPOLOGY_PY)
     write_script(d / "publish.py", python_preamble() + PUBLISH_PY)
     write_script(d / "consumer.py", python_preamble() + CONSUMER_PY)
+    claim = d / "claim.json"
+    if not claim.exists():  # a user's edited claim.json is theirs: a rerun keeps it
+        claim.write_bytes((sample_dir() / "claims" / "claim-001.json").read_bytes())
     return d
 
 
@@ -108,4 +115,4 @@ def run(root: Path) -> None:
     if status.returncode != 0:
         raise BrokerUnavailable(f"rabbitmqctl -n {NODE} status failed: {status.stderr.strip()}")
     (d / "status.txt").write_text(status.stdout)
-    print(f"{d}: mq-up.sh, topology.py, publish.py, consumer.py, status.txt")
+    print(f"{d}: mq-up.sh, topology.py, publish.py, consumer.py, claim.json, status.txt")
