@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from onceq.errors import Conflict, UsageError
@@ -44,10 +45,7 @@ def copy_sample(dest: str | Path) -> dict[str, list[Path]]:
     plan = {
         name: [(p, root / name / p.name) for p in files] for name, files in sample_files().items()
     }
-    for pairs in plan.values():
-        for _, target in pairs:
-            if os.path.lexists(target):
-                raise Conflict(f"{target}: exists already; nothing copied")
+    _check_free(t for pairs in plan.values() for _, t in pairs)
     made_dirs: list[Path] = []
     written: list[Path] = []
     try:
@@ -71,3 +69,10 @@ def copy_sample(dest: str | Path) -> dict[str, list[Path]]:
             raise Conflict(f"{exc.filename}: exists already; nothing copied") from exc
         raise UsageError(f"{exc.filename or root}: cannot copy the sample: {exc.strerror}") from exc
     return {name: [t for _, t in pairs] for name, pairs in plan.items()}
+
+
+def _check_free(targets: Iterable[Path]) -> None:
+    """Conflict naming the first target that exists (checked before anything is made)."""
+    for target in targets:
+        if os.path.lexists(target):
+            raise Conflict(f"{target}: exists already; nothing copied")
