@@ -12,6 +12,7 @@ naming the line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -34,6 +35,7 @@ DOC_PORT = "9202"
 
 
 def _env(amqp_url: str) -> dict[str, str]:
+    assert (VENV_BIN / "onceq").is_file(), f"{VENV_BIN}: no onceq here; install the project"
     env = {k: v for k, v in os.environ.items() if k not in ("EAI_MQ_DB", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     env["EAI_AMQP_URL"] = amqp_url
@@ -108,9 +110,8 @@ def run_examples(doc: str, cwd: Path, amqp_url: str) -> list[tuple[Example, str]
                     text=True,
                     timeout=LINE_TIMEOUT_S,
                 )
-            except subprocess.TimeoutExpired as exc:
+            except subprocess.TimeoutExpired:
                 pytest.fail(_report(ex, cmd, f"did not end within {LINE_TIMEOUT_S:.0f}s"))
-                raise AssertionError from exc  # unreachable: pytest.fail raises
             if done.returncode != ex.expect:
                 pytest.fail(
                     _report(
@@ -154,8 +155,6 @@ def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
 
 
 def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
-    import json
-
     ran = run_examples("docs/mq.md", tmp_path, amqp_url)
     consumed = next(s for ex, s in ran if ex.command.startswith("onceq mq consume"))
     stats = json.loads(consumed)
