@@ -33,13 +33,14 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, mq
+    from onceq.cli import demo, dirq, lab, mq, sample
 
     app.add_command(demo.demo)
     app.add_command(dirq.dirq)
     app.add_command(mq.mq)
     app.add_command(mq.partner)
     app.add_command(lab.lab)
+    app.add_command(sample.sample)
 
 
 def main(argv: list[str] | None = None) -> None:
