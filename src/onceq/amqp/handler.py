@@ -66,7 +66,7 @@ def decode(delivery: Delivery) -> Outcome:
             return Outcome(Kind.REJECTED, "bad-id", f"guid is a {type(guid).__name__}")
         msg_id = str(guid)
     if not is_utf8(msg_id):
-        return Outcome(Kind.REJECTED, "encoding", "the id holds a lone surrogate")
+        return Outcome(Kind.REJECTED, "encoding", "the id is not UTF-8 text (a lone surrogate)")
     if _CONTROL.search(msg_id):
         # It becomes the Idempotency-Key header, which cannot carry CR, LF or NUL.
         return Outcome(Kind.REJECTED, "bad-id", "the id holds a control character")
