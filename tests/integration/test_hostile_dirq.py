@@ -38,6 +38,7 @@ HOSTILE: dict[str, tuple[bytes, str, str]] = {
 GOOD = {f"g-{i}.json": raw(f'"g-{i}"', seq=str(i)) for i in range(1, 4)}
 # A valid message whose file name is not UTF-8: listdir gives it as surrogates.
 ODD_NAME = os.fsdecode(b"g-\xff.json")
+ODD_BAD = os.fsdecode(b"h-\xfe.json")  # and one that is also broken: error/, error.csv
 
 
 def _queue(tmp_path: Path) -> Path:
@@ -47,6 +48,7 @@ def _queue(tmp_path: Path) -> Path:
     for name, body in {**GOOD, **{n: b for n, (b, _, _) in HOSTILE.items()}}.items():
         (q / "inbox" / name).write_bytes(body)
     (q / "inbox" / ODD_NAME).write_bytes(raw('"g-odd"', seq="9"))
+    (q / "inbox" / ODD_BAD).write_bytes(b'{"msg_id": ')
     return q
 
 
@@ -56,9 +58,9 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     out = json.loads(r.stdout)
-    assert (out["received"], out["processed"], out["dead"]) == (11, 4, 7)
+    assert (out["received"], out["processed"], out["dead"]) == (12, 4, 8)
 
-    assert sorted(os.listdir(q / "error")) == sorted(HOSTILE)
+    assert sorted(os.listdir(q / "error")) == sorted([*HOSTILE, ODD_BAD])
     assert sorted(os.listdir(q / "done")) == sorted([*GOOD, ODD_NAME])
     assert os.listdir(q / "inbox") == [] and os.listdir(q / "processing") == []
 
@@ -67,6 +69,7 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
             "SELECT ref, reason, detail FROM failures WHERE action = 'dead'"
         )}  # fmt: skip
         processed = dict(db.execute("SELECT msg_id, ref FROM processed"))
+    assert failures["h-\\udcfe.json"][0] == "parse"
     for name, (_, reason, words) in HOSTILE.items():
         assert failures[name][0] == reason, (name, failures[name])
         assert words in failures[name][1], (name, failures[name])
@@ -82,7 +85,10 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
     with open(q / "error.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["file", "reason"]
-    assert dict(rows[1:]) == {name: reason for name, (_, reason, _) in HOSTILE.items()}
+    assert dict(rows[1:]) == {
+        **{name: reason for name, (_, reason, _) in HOSTILE.items()},
+        "h-\\udcfe.json": "parse",
+    }
 
     again = run_cli("dirq", "consume", str(q), "--json")  # nothing left to crash on
     assert again.returncode == 0, again.stderr
