@@ -67,7 +67,7 @@ def decode(delivery: Delivery) -> Outcome:
         msg_id = str(guid)
     if not is_utf8(msg_id):
         return Outcome(Kind.REJECTED, "encoding", "the id is not UTF-8 text (a lone surrogate)")
-    if _CONTROL.search(msg_id):
+    if CONTROL_CHARS.search(msg_id):
         # It becomes the Idempotency-Key header, which cannot carry CR, LF or NUL.
         return Outcome(Kind.REJECTED, "bad-id", "the id holds a control character")
     amount = doc.get("amount")
@@ -86,7 +86,7 @@ def decode(delivery: Delivery) -> Outcome:
 
 
 # C0 controls and DEL: not allowed in an HTTP header value (aiohttp refuses CR/LF).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_claim_url(url: str) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import BadMessage, Unroutable
@@ -95,7 +96,7 @@ def guid_problem(guid: str) -> str:
     size = len(guid.encode("utf-8"))
     if size > MAX_MESSAGE_ID:
         return f"is {size} bytes; an AMQP message_id holds at most {MAX_MESSAGE_ID}"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in guid):
+    if CONTROL_CHARS.search(guid):
         return "holds a control character (it becomes an HTTP header)"
     return ""
 
