@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq.ledger import Entry, Ledger
+from onceq.ledger_values import is_utf8
 from onceq.transport import Delivery, Kind, Settle, Transport, decide
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    entry = self._entry(delivery, self.decode(delivery))
+                    entry = self._entry(delivery, self._decode(delivery))
                     self._pending.put_nowait((entry, None))
                     continue
                 t = asyncio.create_task(self._handle(delivery))
@@ -213,7 +214,7 @@ class Consumer:
     async def _handle(self, d: Delivery) -> None:
         guard: asyncio.Event | None = None
         try:
-            decoded = self.decode(d)
+            decoded = self._decode(d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 guard = await self._take_turn(d.msg_id)
@@ -234,6 +235,27 @@ class Consumer:
                 del self._in_flight[d.msg_id]  # type: ignore[arg-type]
                 guard.set()
             self._slots.release()
+
+    def _decode(self, d: Delivery) -> Outcome:
+        """The decoder's verdict on one delivery; never an exception.
+
+        Whatever a decoder raises on one message's bytes (a ValueError it did not
+        expect, a RecursionError, a bug) is that message's verdict, dead-lettered
+        with reason internal-error, as a handler's failure is: raised here it would
+        stop the run, and the message would stop every run after it (a poison loop).
+        An id the ledger could not store (a lone surrogate) is refused here too, since
+        every later step looks it up.
+        """
+        try:
+            outcome = self.decode(d)
+        except Exception as exc:
+            log.exception("decoder failed on %s", d.ref)
+            d.msg_id = None  # whatever it set before failing is not a checked id
+            return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
+        if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
+            d.msg_id = None
+            return Outcome(Kind.REJECTED, "encoding", "msg_id holds a lone surrogate")
+        return outcome
 
     async def _take_turn(self, msg_id: str) -> asyncio.Event:
         """One copy of a msg_id in flight at a time; later copies wait for it to settle."""

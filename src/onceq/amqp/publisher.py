@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import BadMessage, Unroutable
+from onceq.ledger_values import is_utf8
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
 # fsyncs persistent messages, bounded so memory and the loss window stay small.
@@ -32,6 +34,8 @@ CONTENT_TYPE = "application/json"
 # channel-closing 406 half-way through a batch; checked from the file's size first,
 # so such a file publishes nothing and is never read into memory.
 MAX_BODY = 128 * 2**20
+# message_id is an AMQP shortstr: one length byte, so at most 255 bytes of UTF-8.
+MAX_MESSAGE_ID = 255
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ def load_claim(path: Path) -> Claim:
         ) from None
     except RecursionError:
         raise BadMessage(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise BadMessage(f"{path}: not JSON ({str(exc).split(';')[0][:200]})") from None
     if not isinstance(doc, dict):
         raise BadMessage(f"{path}: not a JSON object (top level is {type(doc).__name__})")
     guid = doc.get("guid")
@@ -71,7 +77,28 @@ def load_claim(path: Path) -> Claim:
         guid = str(guid)
     if not isinstance(guid, str) or not guid.strip():
         raise BadMessage(f"{path}: no guid (a non-empty string is needed for message_id)")
+    problem = guid_problem(guid)
+    if problem:
+        raise BadMessage(f"{path}: guid {problem}")
     return Claim(path, body, guid)
+
+
+def guid_problem(guid: str) -> str:
+    """Why `guid` cannot be a message_id, or ''.
+
+    Found while sending, each of these was a traceback half-way through a batch
+    (UnicodeEncodeError, the shortstr encoder's error), with some claims already out.
+    A consumer would refuse the control characters too: the id becomes its
+    Idempotency-Key header, which cannot carry them.
+    """
+    if not is_utf8(guid):
+        return "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
+    size = len(guid.encode("utf-8"))
+    if size > MAX_MESSAGE_ID:
+        return f"is {size} bytes; an AMQP message_id holds at most {MAX_MESSAGE_ID}"
+    if CONTROL_CHARS.search(guid):
+        return "holds a control character (it becomes an HTTP header)"
+    return ""
 
 
 def load_claims(paths: list[Path]) -> list[Claim]:
