@@ -231,7 +231,7 @@ def test_an_mq_run_where_every_claim_failed_says_so_and_counts_dead_by_reason(
 
 
 def _long_dir(tmp_path: Path) -> Path:
-    d = tmp_path / ("a-rather-long-folder-name-" * 5) / "queue with spaces"
+    d = tmp_path / ("a-rather-long-folder-name-" * 5) / "queue [bold] with spaces"
     assert len(str(d)) > 100
     d.parent.mkdir(parents=True)
     return d
@@ -240,10 +240,11 @@ def _long_dir(tmp_path: Path) -> Path:
 def test_piped_output_has_no_blank_first_line_and_no_wrapped_path(tmp_path: Path) -> None:
     long = _long_dir(tmp_path)
     q = _queue(long)
+    demo, lab = long / "demo", long / "lab"
     outputs = {
         "dirq consume": run_cli("dirq", "consume", str(q)),
-        "demo": run_cli("demo", "--dir", str(long.parent / "demo")),
-        "lab fileq": run_cli("lab", "fileq", "--root", str(long.parent / "lab")),
+        "demo": run_cli("demo", "--dir", str(demo)),
+        "lab fileq": run_cli("lab", "fileq", "--root", str(lab)),
     }
     for what, r in outputs.items():
         assert r.returncode == 0, (what, r.stderr)
@@ -251,9 +252,9 @@ def test_piped_output_has_no_blank_first_line_and_no_wrapped_path(tmp_path: Path
         assert lines and lines[0].strip(), (what, r.stdout)
         assert not any(ln != ln.rstrip() for ln in lines), (what, r.stdout)  # no padding
     assert f"{q}: 20 received, 15 processed" in outputs["dirq consume"].stdout.splitlines()[0]
-    assert any(str(long.parent / "demo") in ln for ln in outputs["demo"].stdout.splitlines())
-    lab_q = long.parent / "lab" / "q"
-    assert f"{lab_q}: 20 received" in outputs["lab fileq"].stdout
+    assert any(f"Ledger: {demo}" in ln for ln in outputs["demo"].stdout.splitlines())
+    assert f"through {demo}/" in outputs["demo"].stdout
+    assert f"{lab / 'q'}: 20 received" in outputs["lab fileq"].stdout
 
 
 @pytest.mark.broker

@@ -77,7 +77,8 @@ def topology(as_json: bool) -> None:
     created = [k for k, v in result.items() if v == "created"]
     console().print(
         f"topology ready in vhost {vhost_of(url)!r}: {len(result)} objects,"
-        f" {len(created)} created{': ' + ', '.join(created) if created else ''}"
+        f" {len(created)} created{': ' + ', '.join(created) if created else ''}",
+        markup=False,  # a vhost name is printed as it is, brackets and all
     )
 
 
@@ -228,8 +229,9 @@ def status(node: str | None, as_json: bool) -> None:
 
 def _print_status(doc: dict[str, Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"vhost {doc['vhost']!r}")
+    table = Table(title=Text(f"vhost {doc['vhost']!r}"))  # a vhost name may hold brackets
     table.add_column("queue")
     table.add_column("messages", justify="right")
     table.add_column("unacked", justify="right")
