@@ -63,9 +63,21 @@ async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
     return Outcome(Kind.SUCCESS, fields=fields)
 
 
+# The counters a summary reports, in the order it reports them.
+COUNTS = ("received", "processed", "duplicates", "recovered", "requeued", "dead")
+
+
 @dataclass
 class Stats:
-    """What one run did, by final outcome."""
+    """What one run did, by final outcome.
+
+    `reasons` counts the dead letters by reason, and only them: a summary that mixed
+    in the retries would report more failures than messages were lost. A requeue is
+    not a verdict (the copy comes back), so its reasons are kept apart.
+    `dead_word` is the transport's name for a dead letter ("quarantined" for a
+    directory queue, whose error/ folder holds them); JSON and human summaries both
+    use it, so a user meets one word for one outcome.
+    """
 
     received: int = 0
     processed: int = 0
@@ -73,7 +85,9 @@ class Stats:
     recovered: int = 0  # committed by a crashed run; only the settle was redone
     requeued: int = 0
     dead: int = 0
-    reasons: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
+    requeued_reasons: Counter[str] = field(default_factory=Counter)
+    dead_word: str = field(default="dead", compare=False)
 
     def add(self, e: Entry) -> None:
         if e.recovered:
@@ -84,21 +98,35 @@ class Stats:
             self.duplicates += 1
         elif e.settle is Settle.REQUEUE:
             self.requeued += 1
-            self.reasons[e.reason] += 1
+            self.requeued_reasons[e.reason] += 1
         else:
             self.dead += 1
             self.reasons[e.reason] += 1
 
+    @property
+    def all_failed(self) -> bool:
+        """Every message that reached a verdict was a dead letter: nothing took effect.
+
+        A run that only failed deserves more than a count buried in a summary line
+        (a wrong --required, a claim system that refuses everything).
+        """
+        return self.dead > 0 and self.processed == self.duplicates == self.recovered == 0
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "received": self.received,
-            "processed": self.processed,
-            "duplicates": self.duplicates,
-            "recovered": self.recovered,
-            "requeued": self.requeued,
-            "dead": self.dead,
-            "reasons": dict(sorted(self.reasons.items())),
-        }
+        out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS if k != "dead"}
+        out[self.dead_word] = self.dead
+        out["reasons"] = dict(sorted(self.reasons.items()))
+        out["requeued_reasons"] = dict(sorted(self.requeued_reasons.items()))
+        out["all_failed"] = self.all_failed
+        return out
+
+    def merge(self, d: dict[str, Any]) -> None:
+        """Add another run's `as_dict()` (a --workers child's report) to these counts."""
+        for k in COUNTS:
+            key = self.dead_word if k == "dead" else k
+            setattr(self, k, getattr(self, k) + d[key])
+        self.reasons.update(d["reasons"])
+        self.requeued_reasons.update(d["requeued_reasons"])
 
 
 _STOP = object()

@@ -42,7 +42,7 @@ def test_four_independent_consumers_handle_every_file_exactly_once(
     assert sum(r["processed"] for r in results) == len(exp.files_of)
     copies = len(exp.valid_files) - len(exp.files_of)
     assert sum(r["duplicates"] for r in results) == copies
-    assert sum(r["dead"] for r in results) == len(exp.bad)
+    assert sum(r["quarantined"] for r in results) == len(exp.bad)
     assert sum(r["recovered"] for r in results) == 0
     # They really ran side by side (otherwise this proves nothing about races).
     assert sum(1 for r in results if r["received"] > 0) >= 2, results
@@ -56,5 +56,5 @@ def test_workers_option_handles_every_file_exactly_once(tmp_path: Path) -> None:
     assert summary["received"] == N
     assert summary["processed"] == len(exp.files_of)
     assert summary["duplicates"] == len(exp.valid_files) - len(exp.files_of)
-    assert summary["dead"] == len(exp.bad)
+    assert summary["quarantined"] == len(exp.bad)
     check_invariants(root, exp)

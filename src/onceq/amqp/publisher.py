@@ -23,7 +23,7 @@ from typing import Any
 from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
 from onceq.amqp.url import boundary, close_quietly, connect
-from onceq.errors import BadMessage, Unroutable
+from onceq.errors import BadMessage, NotFound, Unroutable
 from onceq.ledger_values import is_utf8
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
@@ -56,6 +56,8 @@ def load_claim(path: Path) -> Claim:
                 f"{path}: too large ({size} bytes; the broker accepts at most {MAX_BODY})"
             )
         body = path.read_bytes()
+    except FileNotFoundError:  # a missing file is exit 3 in every command, not a bad message
+        raise NotFound(f"{path}: no such file") from None
     except OSError as exc:
         raise BadMessage(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -104,15 +106,17 @@ def guid_problem(guid: str) -> str:
 def load_claims(paths: list[Path]) -> list[Claim]:
     """Every file checked before any is published; all problems reported in one line."""
     claims: list[Claim] = []
-    problems: list[str] = []
+    problems: list[BadMessage | NotFound] = []
     for p in paths:
         try:
             claims.append(load_claim(p))
-        except BadMessage as exc:
-            problems.append(str(exc))
+        except (BadMessage, NotFound) as exc:
+            problems.append(exc)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise BadMessage(f"{'; '.join(problems[:3])}{more}; nothing was published")
+        text = "; ".join(map(str, problems[:3]))
+        # The first problem decides the exit code, as if the files were checked one by one.
+        raise type(problems[0])(f"{text}{more}; nothing was published")
     return claims
 
 

@@ -13,9 +13,14 @@ import click
 from onceq.errors import OnceqError, redact_text
 
 EPILOG = (
-    "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found,"
-    " 4 conflict, 5 bad message, 6 unroutable, 7 broker unavailable, 8 ledger error,"
-    " 9 queue folder not writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM)."
+    "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found"
+    " (a missing queue folder, file or ledger), 4 conflict, 5 bad message, 6 unroutable,"
+    " 7 broker unavailable (or no such vhost), 8 ledger error, 9 queue folder not"
+    " writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM). `dirq lag` keeps a"
+    " monitor's contract: 0 within, 1 over, 2 for any bad argument (a missing folder too)."
+    " Signals: a consumer that runs until it is stopped (mq consume) exits 0 after"
+    " SIGTERM, SIGINT or --max-seconds; a batch that is to finish a queue (dirq consume)"
+    " exits 130/143 when a signal stops it, so a script knows it did not finish."
 )
 
 
