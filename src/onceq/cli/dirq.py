@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onceq.cli.output import console, emit_json
+from onceq.cli.output import console, emit_json, note_new_ledger
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -110,7 +110,9 @@ def consume(
     spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
-    Ledger(db or queue.default_db).close()
+    with Ledger(db or queue.default_db) as ledger:
+        if ledger.created:
+            note_new_ledger(ledger.path)
     try:
         stats = _run_consume(qdir, db, spec, workers, progress=not as_json)
     except Interrupted as exc:
@@ -330,6 +332,8 @@ def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
     def record(name: str) -> None:
         # Opened only once every check has passed: a refusal never creates the ledger.
         with Ledger(db or queue.default_db) as ledger:
+            if ledger.created:
+                note_new_ledger(ledger.path)
             ledger.record_replay(name)
 
     dst = queue.replay(file, record)

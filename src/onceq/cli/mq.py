@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.output import console, emit_json, fail
+from onceq.cli.output import console, emit_json, fail, note_new_ledger
 
 JSON_HELP = "Print the outcome as JSON."
 # asyncio is imported inside the commands: every `onceq` command loads this module to
@@ -177,7 +177,7 @@ def consume(
         max_seconds=max_seconds,
         timeout=timeout,
     )
-    result = run_consume(url, opts)
+    result = run_consume(url, opts, on_new_ledger=note_new_ledger)
     if as_json:
         emit_json(result.as_dict())
     else:

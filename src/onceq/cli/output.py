@@ -37,3 +37,9 @@ def emit_json(obj: Any) -> None:
 def fail(message: str) -> None:
     """One line on stderr, no traceback, no markup interpretation."""
     sys.stderr.write(f"onceq: {message}\n")
+
+
+def note_new_ledger(path: object) -> None:
+    """Say that this run made a new ledger: it has seen no message, so a queue it is put
+    in front of is applied again. On stderr (stdout may be JSON), once per run."""
+    sys.stderr.write(f"onceq: new ledger at {path}: no message seen before\n")
