@@ -24,10 +24,8 @@ Three layers, each a fallback for the one before:
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import sys
-import traceback
 from collections.abc import Iterator
 from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
@@ -73,6 +71,8 @@ def remember(url: str) -> None:
     password is (parsed, by pattern) is kept: a mistyped URL is read differently by
     each library that echoes it.
     """
+    import json  # here, not at the top: `onceq dirq lag` must start fast
+
     for user, secret in _passwords(url):
         # A password equal to its user name is printed anyway as the user name (which
         # is kept): replacing it would only garble `guest:***@` into `***:***@`.
@@ -221,6 +221,8 @@ def guarded_stdio() -> Iterator[None]:
     try:
         yield
     except Exception:
+        import traceback
+
         traceback.print_exc()
         raise SystemExit(1) from None
     finally:

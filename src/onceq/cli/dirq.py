@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from onceq.dirq.message import MessageSpec
 
 QDIR = click.Path(path_type=Path, file_okay=False)
-DB_HELP = "Ledger database (default: QDIR/ledger.db)."
+DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
 
 
 @click.group()

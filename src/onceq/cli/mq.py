@@ -134,7 +134,7 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
 @click.option(
     "--db",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Ledger database (default: EAI_MQ_DB, else ./processed.db).",
+    help="Ledger database (default: EAI_MQ_DB, else ./processed.db); its folder must exist.",
 )
 @click.option(
     "--timeout",
