@@ -9,7 +9,8 @@
     │                                   not JSON, no id)
     ├── Unroutable                  6   the broker returned or nacked a published message
     ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
-    ├── LedgerError                 8   the ledger database cannot be opened or written
+    ├── LedgerError                 8   the ledger database cannot be opened or written,
+    │                                   or its folder does not exist (never created)
     └── QueueError                  9   a queue folder cannot be created, written or
                                         claimed in (permissions, disk full)
 
