@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from onceq.errors import LedgerError
-from onceq.ledger_db import connect, deny_attach
+from onceq.ledger_db import connect, connect_or_create, deny_attach
 from onceq.ledger_values import is_data_error, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
@@ -65,12 +65,18 @@ class Entry:
 
 
 class Ledger:
-    """The ledger at `path`. `source` tags rows ('dirq', 'amqp')."""
+    """The ledger at `path`. `source` tags rows ('dirq', 'amqp').
+
+    With create=True a missing file is made (never its folder: LedgerError), and
+    `created` says so; with create=False it is NotFound.
+    """
 
     def __init__(self, path: str | Path, source: str = "dirq", *, create: bool = True) -> None:
         self.path = Path(path)
         self.source = source
-        self._write = connect(self.path, create=create)
+        # `created`: this open made the ledger, so it has seen no message. The caller
+        # says so: a new ledger in front of an old queue applies every message again.
+        self._write, self.created = connect_or_create(self.path, create=create)
         # A second connection for reads, so a read never waits on (or runs inside) the
         # writer's transaction when the loop commits from a worker thread.
         try:

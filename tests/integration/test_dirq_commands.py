@@ -335,6 +335,7 @@ def test_replay_moves_the_file_back_and_records_it(sample_q: Path) -> None:
 def test_replay_records_into_the_db_named_by_option(tmp_path: Path) -> None:
     q = _queue(tmp_path, {"x.json": b"{"})
     db = tmp_path / "elsewhere" / "l.db"
+    db.parent.mkdir()  # a ledger's folder is never created (a typo would start a new one)
     _consume(q, "--db", str(db))
     r = run_cli("dirq", "replay", str(q), "x.json", "--db", str(db))
     assert r.returncode == 0, r.stderr

@@ -49,7 +49,18 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and turn our errors into one line and an exit code."""
+    """Entry point: run the CLI and turn our errors into one line and an exit code.
+
+    Everything the command writes to stdout/stderr (rich, click, logging, a traceback)
+    passes through the URL-password masking: the last line of defence.
+    """
+    from onceq.redact import guarded_stdio
+
+    with guarded_stdio():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     _register()
     try:
         code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
@@ -59,10 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.UsageError as exc:
         # One line, like every other refusal: the command, the problem, where to look.
         where = exc.ctx.command_path if exc.ctx is not None else "onceq"
-        sys.stderr.write(f"onceq: {where}: {exc.format_message()} (see --help)\n")
+        message = redact_text(exc.format_message())  # click may quote a URL argument
+        sys.stderr.write(f"onceq: {where}: {message} (see --help)\n")
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        sys.stderr.write(f"onceq: {exc.format_message()}\n")
+        sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
         sys.stderr.write(f"onceq: {redact_text(str(exc))}\n")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onceq.cli.output import emit_json, print_run_summary
+from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 # the same in every command (click's own file_okay check would make a file exit 2).
 QDIR = click.Path(path_type=Path)
 NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
-DB_HELP = "Ledger database (default: QDIR/ledger.db)."
+DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
 
 
 @click.group()
@@ -116,7 +116,9 @@ def consume(
     spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
-    Ledger(db or queue.default_db).close()
+    with Ledger(db or queue.default_db) as ledger:
+        if ledger.created:
+            note_new_ledger(ledger.path)
     try:
         stats = _run_consume(qdir, db, spec, workers)
     except Interrupted as exc:
@@ -317,6 +319,8 @@ def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
     def record(name: str) -> None:
         # Opened only once every check has passed: a refusal never creates the ledger.
         with Ledger(db or queue.default_db) as ledger:
+            if ledger.created:
+                note_new_ledger(ledger.path)
             ledger.record_replay(name)
 
     dst = queue.replay(file, record)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.output import console, emit_json, fail, print_run_summary
+from onceq.cli.output import console, emit_json, fail, note_new_ledger, print_run_summary
 
 JSON_HELP = "Print the outcome as JSON."
 # asyncio is imported inside the commands: every `onceq` command loads this module to
@@ -135,7 +135,7 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
 @click.option(
     "--db",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Ledger database (default: EAI_MQ_DB, else ./processed.db).",
+    help="Ledger database (default: EAI_MQ_DB, else ./processed.db); its folder must exist.",
 )
 @click.option(
     "--timeout",
@@ -186,7 +186,7 @@ def consume(
         timeout=timeout,
     )
     with live_progress("claim.in", "dead") as on_settled:
-        result = run_consume(url, opts, on_settled=on_settled)
+        result = run_consume(url, opts, on_settled=on_settled, on_new_ledger=note_new_ledger)
     if as_json:
         emit_json(result.as_dict())
     else:

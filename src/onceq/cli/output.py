@@ -94,3 +94,9 @@ def print_run_summary(stats: Stats, head: str = "", tail: str = "") -> None:
         style = "bold red" if line.startswith("every message failed") else ""
         # Text, not markup: a path or a reason is printed as it is, brackets and all.
         out.print(Text(line, style=style))
+
+
+def note_new_ledger(path: object) -> None:
+    """Say that this run made a new ledger: it has seen no message, so a queue it is put
+    in front of is applied again. On stderr (stdout may be JSON), once per run."""
+    sys.stderr.write(f"onceq: new ledger at {path}: no message seen before\n")
