@@ -115,16 +115,48 @@ class Partner:
         with urllib.request.urlopen(f"{self.url}/_stats", timeout=5) as r:
             return json.loads(r.read())
 
+    def _post(self, path: str) -> dict[str, Any]:
+        req = urllib.request.Request(f"{self.url}{path}", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+    def hold(self) -> None:
+        """From now on every claim call waits at the stub (counted) until released."""
+        self._post("/_hold")
+
+    def release(self, n: int | None = None) -> int:
+        """Answer the n oldest held calls; all of them (and stop holding) without n."""
+        return int(self._post("/_release" if n is None else f"/_release?n={n}")["released"])
+
+    def held(self) -> int:
+        return int(self.stats()["held"])
+
+    def check_keys(self) -> dict[str, Any]:
+        """Every call carried Idempotency-Key == the body's guid (the message_id)."""
+        stats = self.stats()
+        assert stats["key_missing"] == 0 and stats["key_mismatch"] == 0, stats
+        assert stats["by_key"] == stats["by_guid"], stats
+        return stats
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=10)
 
 
 @contextmanager
-def partner(delay: float = 0.0) -> Iterator[Partner]:
+def partner(delay: float = 0.0, *, keys: bool = True) -> Iterator[Partner]:
+    """The stub for the block's duration.
+
+    keys: on leaving the block normally, assert that every call the stub saw carried
+    Idempotency-Key == the body's guid. On by default, so every consume test checks
+    the header the claim system deduplicates by; only a test that posts by hand
+    turns it off.
+    """
     p = Partner(delay)
     try:
         yield p
+        if keys and p.proc.poll() is None:
+            p.check_keys()
     finally:
         if p.proc.poll() is None:
             p.proc.kill()
