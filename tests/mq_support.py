@@ -168,14 +168,18 @@ def consume(url: str, claim: str, db: Path, *args: str) -> subprocess.CompletedP
     return cli(url, "mq", "consume", "--claim", claim, "--db", str(db), "--json", *args)
 
 
-def start_consumer(url: str, claim: str, db: Path, *args: str) -> subprocess.Popen[str]:
+def start_consumer(
+    url: str, claim: str, db: Path | None, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`onceq mq consume --claim CLAIM [--db DB] --json ARGS` as a process of its own."""
+    where = [] if db is None else ["--db", str(db)]
     return subprocess.Popen(
-        [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, "--db", str(db),
-         "--json", *args],
+        [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, *where, "--json",
+         *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "EAI_AMQP_URL": url},
+        env={**os.environ, "EAI_AMQP_URL": url, **(env or {})},
     )  # fmt: skip
 
 
@@ -185,6 +189,60 @@ def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(step)
+
+
+def consumers(url: str, queue: str = "claim.in") -> int:
+    """How many consumers the broker has registered on `queue` (0 once they cancelled)."""
+    out = ctl("list_queues", "-p", vhost(url), "name", "consumers", "--formatter", "json")
+    return next((int(q["consumers"]) for q in json.loads(out or "[]") if q["name"] == queue), 0)
+
+
+def consumer_prefetch(url: str) -> list[int]:
+    """The prefetch_count of every consumer in the vhost, as the broker enforces it."""
+    out = ctl("list_consumers", "-p", vhost(url), "prefetch_count", "--formatter", "json")
+    return [int(c["prefetch_count"]) for c in json.loads(out or "[]")]
+
+
+def count(db: Path, table: str) -> int:
+    """Rows in a ledger table, read-only; 0 while the consumer has not created it yet.
+
+    Read-only (mode=ro), so that polling never creates the ledger file itself.
+    """
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is being created right now
+        return 0
+    finally:
+        conn.close()
+
+
+def consume_until(
+    url: str,
+    claim: str,
+    db: Path | None,
+    until: Callable[[], bool],
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`onceq mq consume … --json` until `until()` holds, then a graceful SIGTERM.
+
+    Instead of --max-seconds: a run cut by the clock passes or fails with the load of
+    the machine; this one ends when the state the test waits for is there.
+    """
+    proc = start_consumer(url, claim, db, *args, env=env)
+    try:
+        wait_for(until, timeout)
+    except BaseException:
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+        raise AssertionError(f"the consumer never reached the state; its stderr: {err}") from None
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
