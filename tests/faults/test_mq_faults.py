@@ -129,7 +129,7 @@ def test_a_silent_broker_ends_the_consumer_after_the_connect_timeout(tmp_path: P
             f"amqp://guest:s3cret@127.0.0.1:{port}/v", "http://127.0.0.1:9", tmp_path / "l.db"
         )
         try:
-            out, err = proc.communicate(timeout=18)  # CONNECT_TIMEOUT is 10 s
+            out, err = proc.communicate(timeout=40)  # CONNECT_TIMEOUT is 10 s
         finally:
             proc.kill()  # a consumer that hangs must not outlive the test
         took = time.monotonic() - t0
@@ -137,7 +137,8 @@ def test_a_silent_broker_ends_the_consumer_after_the_connect_timeout(tmp_path: P
         listener.close()
     assert proc.returncode == 7, err
     assert "no answer within" in err and "s3cret" not in err + out
-    assert took < 14, took
+    # Ended by the timeout (10 s), not by a hang; the margin is for a loaded machine.
+    assert 10 <= took < 30, took
     assert not (tmp_path / "l.db").exists()
 
 
@@ -173,12 +174,12 @@ def test_a_second_signal_stops_at_once_and_loses_nothing(amqp_url: str, tmp_path
         assert proc.poll() is None
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=30)
         took = time.monotonic() - t0
     finally:
         listener.close()
     assert proc.returncode == 130, err
-    assert took < 3, took
+    assert took < 15, took  # the first signal alone waits the grace: --timeout 30 + 5 s
     assert "second signal" in err and json.loads(out)["aborted"] is True
     # Nothing settled, nothing recorded: all three are back in claim.in.
     wait_for(lambda: queues(amqp_url)["claim.in"] == (3, 0), timeout=10)
@@ -221,7 +222,8 @@ def test_sigterm_while_disconnected_exits_at_once(amqp_url: str, tmp_path: Path)
             ctl("set_permissions", "-p", vhost(amqp_url), "guest", ".*", ".*", ".*")
         stats = p.stats()
     assert proc.returncode == 0, err
-    assert took < 3, (took, err)
+    # At once: before, it waited CONNECT_TIMEOUT (10 s) to cancel a dead consumer.
+    assert took < 8, (took, err)
     assert err.count("lost (") == 1, err  # one warning per outage, not one per attempt
     assert "guest:***@" in err and "Traceback" not in err
     done = {r[0] for r in rows(db, "SELECT msg_id FROM processed")}
