@@ -44,6 +44,38 @@ def queues(url: str) -> dict[str, tuple[int, int]]:
     }
 
 
+def broker_state(url: str) -> dict[str, object]:
+    """The vhost's own exchanges (not the built-in amq.* ones), its queues (durable,
+    arguments) and bindings, read with rabbitmqctl: what a refused command must not change."""
+    v = vhost(url)
+    exchanges = json.loads(
+        ctl("list_exchanges", "-p", v, "name", "type", "durable", "--formatter", "json")
+    )
+    qs = json.loads(
+        ctl("list_queues", "-p", v, "name", "durable", "arguments", "--formatter", "json")
+    )
+    bindings = json.loads(
+        ctl("list_bindings", "-p", v, "source_name", "destination_name", "routing_key",
+            "--formatter", "json")
+    )  # fmt: skip
+    return {
+        "exchanges": sorted(
+            (e["name"], e["type"], e["durable"])
+            for e in exchanges
+            if e["name"] and not e["name"].startswith("amq.")
+        ),
+        "queues": sorted(
+            (q["name"], q["durable"], tuple(sorted((a[0], a[2]) for a in q["arguments"])))
+            for q in qs
+        ),
+        "bindings": sorted(
+            (b["source_name"], b["destination_name"], b["routing_key"])
+            for b in bindings
+            if b["source_name"]
+        ),
+    }
+
+
 def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env={"EAI_AMQP_URL": url, **env}, timeout=120)
 
