@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -140,6 +143,37 @@ def test_a_silent_broker_ends_the_consumer_after_the_connect_timeout(tmp_path: P
     # Ended by the timeout (10 s), not by a hang; the margin is for a loaded machine.
     assert 10 <= took < 30, took
     assert not (tmp_path / "l.db").exists()
+
+
+@pytest.mark.parametrize("command", ["topology", "publish"])
+def test_a_silent_broker_ends_topology_and_publish_after_the_connect_timeout(
+    tmp_path: Path, command: str
+) -> None:
+    """Exit 7 in one line after CONNECT_TIMEOUT, no password, nothing reported done."""
+    claim = write_claims(tmp_path / "c", [claim_doc("g-1")])[0]
+    args = ["mq", "topology", "--json"] if command == "topology" else ["mq", "publish",
+            str(claim), "--json"]  # fmt: skip
+    listener, port = _silent_broker()
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onceq", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "EAI_AMQP_URL": f"amqp://guest:s3cret@127.0.0.1:{port}/v"},
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=40)
+        finally:
+            proc.kill()
+        took = time.monotonic() - t0
+    finally:
+        listener.close()
+    assert proc.returncode == 7, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onceq: "), err
+    assert "no answer within" in err and "s3cret" not in err + out
+    assert out == ""  # no object reported created, no message reported published
+    assert 10 <= took < 30, took
 
 
 def _hanging_claim_system() -> tuple[socket.socket, int, list[socket.socket]]:

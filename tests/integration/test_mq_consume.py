@@ -10,6 +10,7 @@ import pytest
 
 from mq_support import (
     CLAIMS,
+    broker_state,
     claim_doc,
     consume,
     consume_until,
@@ -199,6 +200,10 @@ def test_missing_queue_is_not_found(amqp_url: str, tmp_path: Path) -> None:
     r = consume(amqp_url, "http://127.0.0.1:9", tmp_path / "db", "--max-seconds", "1")
     assert r.returncode == 3, r.stderr
     assert "claim.in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # The consumer declares passively: it creates no queue (with guessed attributes),
+    # and a refused run leaves no ledger.
+    assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}
+    assert not (tmp_path / "db").exists()
 
 
 def test_two_consumer_processes_share_one_ledger_each_claim_once(
