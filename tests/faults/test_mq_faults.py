@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -176,31 +174,15 @@ def test_a_silent_broker_ends_topology_and_publish_after_the_connect_timeout(
     assert 10 <= took < 30, took
 
 
-def _hanging_claim_system() -> tuple[socket.socket, int, list[socket.socket]]:
-    """Accepts claim calls and never answers them."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(16)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(s.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    return s, s.getsockname()[1], held
-
-
 def test_a_second_signal_stops_at_once_and_loses_nothing(amqp_url: str, tmp_path: Path) -> None:
     """The first SIGINT waits for in-flight calls (up to --timeout); a second one does not."""
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"h-{i}") for i in range(3)]))
-    listener, port, held = _hanging_claim_system()
     db = tmp_path / "processed.db"
-    try:
-        proc = start_consumer(amqp_url, f"http://127.0.0.1:{port}", db, "--timeout", "30")
-        wait_for(lambda: len(held) == 3, timeout=15)  # three calls hang now
+    with partner() as p:
+        p.hold()  # the claim system takes the calls and does not answer
+        proc = start_consumer(amqp_url, p.url, db, "--timeout", "30")
+        wait_for(lambda: p.held() == 3, timeout=30)  # three calls hang now
         proc.send_signal(signal.SIGINT)
         # The first signal has been handled (the consumer is cancelled on the broker)
         # and the grace period runs: it waits for the in-flight calls.
@@ -210,8 +192,6 @@ def test_a_second_signal_stops_at_once_and_loses_nothing(amqp_url: str, tmp_path
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - t0
-    finally:
-        listener.close()
     assert proc.returncode == 130, err
     assert took < 15, took  # the first signal alone waits the grace: --timeout 30 + 5 s
     assert "second signal" in err and json.loads(out)["aborted"] is True
