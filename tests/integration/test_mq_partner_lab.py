@@ -83,6 +83,10 @@ def test_stub_holds_calls_until_released() -> None:
             stats = p.stats()
             assert stats["held_keys"] == ["g0", "g1", "g2", "g3"] and stats["total"] == 4
             assert not any(c.done() for c in calls)
+            bad = urllib.request.Request(f"{p.url}/_release?n=-1", data=b"", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(bad, timeout=5)
+            assert refused.value.code == 400 and p.held() == 4  # a bad count frees nothing
             assert p.release(1) == 1
             assert calls[0].result(timeout=10) == 201
             assert p.stats()["held_keys"] == ["g1", "g2", "g3"]
