@@ -58,7 +58,7 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     out = json.loads(r.stdout)
-    assert (out["received"], out["processed"], out["dead"]) == (12, 4, 8)
+    assert (out["received"], out["processed"], out["quarantined"]) == (12, 4, 8)
 
     assert sorted(os.listdir(q / "error")) == sorted([*HOSTILE, ODD_BAD])
     assert sorted(os.listdir(q / "done")) == sorted([*GOOD, ODD_NAME])

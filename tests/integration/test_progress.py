@@ -78,7 +78,10 @@ def test_dirq_consume_piped_shows_no_progress(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     r = run_cli("dirq", "consume", str(q))
     assert r.returncode == 0, r.stderr
-    assert r.stderr == ""
+    # Only the new-ledger note (this run made the ledger): no progress line, no escapes.
+    assert r.stderr.splitlines() == [
+        f"onceq: new ledger at {q / 'ledger.db'}: no message seen before"
+    ]
     assert "settled" not in r.stdout and "\x1b" not in r.stdout and "\r" not in r.stdout
     assert r.stdout.splitlines() == [
         f"{q}: 20 received, 15 processed, 3 duplicates, 0 recovered,"
