@@ -99,22 +99,6 @@ async def _consume(
         await transport.open()
         ledger = Ledger(opts.db, source="amqp")
         await transport.start()
-        abort = asyncio.Event()
-
-        def on_signal() -> None:
-            # The first signal stops cleanly (in-flight claims finish, bounded by the
-            # grace). A second one is an operator who will not wait: stop at once.
-            # Nothing is lost: unsettled deliveries return to claim.in when the channel
-            # closes, and the ledger skips the ones whose record was already durable.
-            if transport.stopped.is_set():
-                abort.set()
-            transport.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-            handled.append(sig)
-        if opts.max_seconds is not None:
-            loop.call_later(opts.max_seconds, transport.stop)
         consumer = Consumer(
             transport,
             ledger,
@@ -127,6 +111,24 @@ async def _consume(
             max_attempts=MAX_ATTEMPTS,
             on_settled=on_settled,
         )
+        abort = asyncio.Event()
+
+        def on_signal() -> None:
+            # The first signal stops cleanly (in-flight claims finish, bounded by the
+            # grace). A second one is an operator who will not wait: stop at once.
+            # Nothing is lost: unsettled deliveries return to claim.in when the channel
+            # closes, and the ledger skips the ones whose record was already durable.
+            if transport.stopped.is_set():
+                abort.set()
+            # consumer.stop, not transport.stop: a real stop also means no new claim
+            # call starts for deliveries received but not yet called.
+            consumer.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+            handled.append(sig)
+        if opts.max_seconds is not None:
+            loop.call_later(opts.max_seconds, consumer.stop)
         run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
         stop_wait = asyncio.create_task(transport.stopped.wait())
         await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
