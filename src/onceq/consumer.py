@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceq import faults
 from onceq.ledger import Entry, Ledger
 from onceq.transport import Delivery, Kind, Settle, Transport, decide
 
@@ -295,8 +296,10 @@ class Consumer:
                     break
                 jobs.append(item)
             group = [e for e, _ in jobs]
+            faults.hit("before-commit")
             # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
             await asyncio.to_thread(self.ledger.commit, group)
+            faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.
             await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
             for e, done in jobs:

@@ -28,6 +28,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from onceq import faults
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.errors import redact_url
@@ -185,6 +186,7 @@ class AmqpTransport:
                     await message.reject(requeue=True)
                 else:  # DEAD: the queue's dead-letter exchange takes it (eai.dlx)
                     await message.reject(requeue=False)
+                faults.hit("mid-settle")  # acks go one by one: some of the group are sent
             except (
                 ae.AMQPError,
                 ae.ChannelInvalidStateError,
