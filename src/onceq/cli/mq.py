@@ -143,6 +143,11 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
     type=Seconds(min=0, min_open=True),
     help="Seconds per claim-system call before it counts as a timeout.",
 )
+@click.option(
+    "--until-empty",
+    is_flag=True,
+    help="A batch: stop once claim.in is drained and nothing is in flight.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     claim_url: str,
@@ -150,6 +155,7 @@ def consume(
     prefetch: int,
     db: Path | None,
     timeout: float,
+    until_empty: bool,
     as_json: bool,
 ) -> None:
     """Consume claim.in, POST each claim to CLAIM/v1/claims, ack after the ledger.
@@ -159,10 +165,16 @@ def consume(
     dead-lettered. A message_id already in the ledger is acked without a call.
     SIGTERM/SIGINT or --max-seconds finish the in-flight claims and exit 0.
 
+    --until-empty makes it a batch: it stops once claim.in has nothing ready and
+    every delivery it took is settled (retries included), and exits 0. A batch
+    stopped before that exits 130 (SIGINT) / 143 (SIGTERM), or 1 when
+    --max-seconds ran out first, so that a script knows it did not finish.
+
     \b
     Example:
       onceq partner claim --port 9202 &
       onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
+      onceq mq consume --claim http://127.0.0.1:9202 --until-empty --json
     """
     from onceq.amqp.consume import ConsumeOptions, default_db
     from onceq.amqp.consume import consume as run_consume
@@ -176,16 +188,32 @@ def consume(
         prefetch=prefetch,
         max_seconds=max_seconds,
         timeout=timeout,
+        until_empty=until_empty,
     )
     result = run_consume(url, opts)
     if as_json:
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db)
+    if until_empty and not result.drained:
+        _unfinished_batch(result.signal, max_seconds)
     if result.aborted:
         # Exit as an interrupted command: the run did not finish its in-flight claims.
         fail("interrupted by a second signal; in-flight claims return to claim.in")
         raise SystemExit(130)
+
+
+def _unfinished_batch(signum: int | None, max_seconds: float | None) -> None:
+    """Exit as a batch that did not finish: 128 + the signal, or 1 for the deadline."""
+    import signal
+
+    if signum is not None:
+        name = signal.Signals(signum).name
+        fail(f"stopped by {name} before claim.in was drained; the rest waits in claim.in")
+        raise SystemExit(128 + signum)
+    within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
+    fail(f"claim.in not drained{within}; the rest waits there")
+    raise SystemExit(1)
 
 
 def _print_consume(result: Any, db: Path) -> None:
@@ -195,6 +223,7 @@ def _print_consume(result: Any, db: Path) -> None:
         f"{s.received} received, {s.processed} processed, {s.duplicates} duplicate(s),"
         f" {s.requeued} requeued, {s.dead} dead (reasons: {reasons})"
         + (f", {result.unsettled} left to redelivery" if result.unsettled else "")
+        + ("; claim.in drained" if result.drained else "")
         + f"; ledger {db}"
     )
 
