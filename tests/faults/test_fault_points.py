@@ -17,6 +17,16 @@ from pathlib import Path
 import pytest
 from test_dirq_crash import check_invariants, finish, make_queue, rows
 
+from mq_support import (
+    claim_doc,
+    cli,
+    partner,
+    publish,
+    queues,
+    topology,
+    wait_for,
+    write_claims,
+)
 from support import run_cli
 
 # (point, N): fire the Nth time the point is reached. N > 1 where the first group
@@ -109,3 +119,74 @@ def test_unset_fault_points_cost_one_empty_call() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == ["_off", None, None]
+
+
+# --- RabbitMQ -------------------------------------------------------------------------
+
+# prefetch 1: one delivery in flight, so a group is one message and no other claim
+# call is under way when the process kills itself: "each guid exactly once" is then
+# a promise the run can keep (a call whose record dies with the process is the
+# at-least-once part, and only before-commit has one).
+MQ_POINTS = [
+    ("before-commit", 2),
+    ("after-commit-before-settle", 1),
+    ("after-commit-before-settle", 3),
+    ("mid-settle", 2),
+]
+
+
+@pytest.mark.parametrize(("point", "after"), MQ_POINTS)
+def test_mq_killed_at_a_fault_point_recovers_exactly(
+    amqp_url: str, tmp_path: Path, point: str, after: int
+) -> None:
+    n = 12
+    docs = [claim_doc(f"f-{i:03d}") for i in range(n)]
+    resent = ["f-007", "f-009"]  # published again, last: real duplicates
+    # c00000.json …, published in this order: the re-sent copies come last.
+    files = write_claims(tmp_path / "c", [*docs, *(claim_doc(g) for g in resent)])
+    topology(amqp_url)
+    publish(amqp_url, *files)
+    db = tmp_path / "p.db"
+    args = ("mq", "consume", "--db", str(db), "--json", "--prefetch", "1", "--until-empty")
+    with partner() as p:
+        first = cli(amqp_url, *args, "--claim", p.url, ONCEQ_FAULT=point,
+                    ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
+        assert first.returncode == -9, (first.returncode, first.stderr)
+        assert first.stdout == ""
+        called_first = p.stats()["by_guid"]
+        committed = {m for (m,) in rows(db, "SELECT msg_id FROM processed")}
+        # The broker saw the connection die: whatever was unacked is back in claim.in.
+        wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=30, step=0.3)
+        second = cli(amqp_url, *args, "--claim", p.url)
+        calls = p.stats()["by_guid"]
+    assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout)
+    assert summary["drained"] is True
+
+    # Called before the kill and never recorded: only before-commit leaves one.
+    again = set(called_first) - committed
+    assert len(again) == (1 if point == "before-commit" else 0), (again, called_first)
+    assert calls == {f"f-{i:03d}": 2 if f"f-{i:03d}" in again else 1 for i in range(n)}
+    if point == "after-commit-before-settle":
+        assert summary["recovered"] == 1  # the committed, never-acked copy
+    elif point == "mid-settle":
+        assert summary["recovered"] in (0, 1)  # its ack may have left before the kill
+    else:
+        assert summary["recovered"] == 0
+    assert rows(db, "SELECT count(*) FROM processed") == [(n,)]
+    assert [m for (m,) in rows(db, "SELECT DISTINCT msg_id FROM duplicates ORDER BY 1")] == resent
+    assert summary["duplicates"] == len(resent)
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (0, 0)}
+
+
+def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Path) -> None:
+    """The id that tells a recovered copy from a re-sent one: one per publish, even for
+    two files with the same guid."""
+    from mq_support import get_all
+    from onceq.amqp.transport import COPY_HEADER
+
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("same"), claim_doc("same")]))
+    ids = [props.headers[COPY_HEADER] for _, props, _ in get_all(amqp_url, "claim.in")]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert all(len(i) == 32 for i in ids)

@@ -62,6 +62,13 @@ RECONNECT_INTERVAL = 1.0
 # --until-empty: seconds without a delivery, while holding nothing, before the queue
 # is asked whether it is drained. Only latency depends on it, never the answer.
 IDLE_PROBE_S = 0.2
+# A header `onceq mq publish` gives each published copy: a random id of that copy.
+# A delivery tag names a copy only on one channel; this names it across crashes, so
+# a redelivery of a copy whose record a killed run committed (and never acked) is
+# recognised as *recovered*, not counted as a re-sent duplicate. Copies from other
+# publishers lack it: such a redelivery is still acked without a call, and counted
+# as a duplicate.
+COPY_HEADER = "x-onceq-copy"
 _END = object()
 
 
@@ -175,13 +182,19 @@ class AmqpTransport:
             # Not handed out: it stays unacked on the channel and goes back to the
             # queue when the channel closes (or at the drain check's basic.recover).
             return
-        ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
+        copy = (message.headers or {}).get(COPY_HEADER)
+        stable = isinstance(copy, str) and 0 < len(copy) <= 64
+        if stable:
+            ref = f"{self.queue_name}/{copy}"
+        else:
+            ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
         headers = {"message_id": message.message_id, "delivery_tag": message.delivery_tag}
         self._buffer.put_nowait(
             Delivery(
                 body=message.body,
                 ref=ref,
                 redelivered=bool(message.redelivered),
+                stable_ref=stable,
                 token=message,
                 headers=headers,
             )
