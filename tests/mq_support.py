@@ -44,6 +44,38 @@ def queues(url: str) -> dict[str, tuple[int, int]]:
     }
 
 
+def broker_state(url: str) -> dict[str, object]:
+    """The vhost's own exchanges (not the built-in amq.* ones), its queues (durable,
+    arguments) and bindings, read with rabbitmqctl: what a refused command must not change."""
+    v = vhost(url)
+    exchanges = json.loads(
+        ctl("list_exchanges", "-p", v, "name", "type", "durable", "--formatter", "json")
+    )
+    qs = json.loads(
+        ctl("list_queues", "-p", v, "name", "durable", "arguments", "--formatter", "json")
+    )
+    bindings = json.loads(
+        ctl("list_bindings", "-p", v, "source_name", "destination_name", "routing_key",
+            "--formatter", "json")
+    )  # fmt: skip
+    return {
+        "exchanges": sorted(
+            (e["name"], e["type"], e["durable"])
+            for e in exchanges
+            if e["name"] and not e["name"].startswith("amq.")
+        ),
+        "queues": sorted(
+            (q["name"], q["durable"], tuple(sorted((a[0], a[2]) for a in q["arguments"])))
+            for q in qs
+        ),
+        "bindings": sorted(
+            (b["source_name"], b["destination_name"], b["routing_key"])
+            for b in bindings
+            if b["source_name"]
+        ),
+    }
+
+
 def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env={"EAI_AMQP_URL": url, **env}, timeout=120)
 
@@ -115,16 +147,48 @@ class Partner:
         with urllib.request.urlopen(f"{self.url}/_stats", timeout=5) as r:
             return json.loads(r.read())
 
+    def _post(self, path: str) -> dict[str, Any]:
+        req = urllib.request.Request(f"{self.url}{path}", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+    def hold(self) -> None:
+        """From now on every claim call waits at the stub (counted) until released."""
+        self._post("/_hold")
+
+    def release(self, n: int | None = None) -> int:
+        """Answer the n oldest held calls; all of them (and stop holding) without n."""
+        return int(self._post("/_release" if n is None else f"/_release?n={n}")["released"])
+
+    def held(self) -> int:
+        return int(self.stats()["held"])
+
+    def check_keys(self) -> dict[str, Any]:
+        """Every call carried Idempotency-Key == the body's guid (the message_id)."""
+        stats = self.stats()
+        assert stats["key_missing"] == 0 and stats["key_mismatch"] == 0, stats
+        assert stats["by_key"] == stats["by_guid"], stats
+        return stats
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=10)
 
 
 @contextmanager
-def partner(delay: float = 0.0) -> Iterator[Partner]:
+def partner(delay: float = 0.0, *, keys: bool = True) -> Iterator[Partner]:
+    """The stub for the block's duration.
+
+    keys: on leaving the block normally, assert that every call the stub saw carried
+    Idempotency-Key == the body's guid. On by default, so every consume test checks
+    the header the claim system deduplicates by; only a test that posts by hand
+    turns it off.
+    """
     p = Partner(delay)
     try:
         yield p
+        if keys and p.proc.poll() is None:
+            p.check_keys()
     finally:
         if p.proc.poll() is None:
             p.proc.kill()
@@ -136,14 +200,18 @@ def consume(url: str, claim: str, db: Path, *args: str) -> subprocess.CompletedP
     return cli(url, "mq", "consume", "--claim", claim, "--db", str(db), "--json", *args)
 
 
-def start_consumer(url: str, claim: str, db: Path, *args: str) -> subprocess.Popen[str]:
+def start_consumer(
+    url: str, claim: str, db: Path | None, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`onceq mq consume --claim CLAIM [--db DB] --json ARGS` as a process of its own."""
+    where = [] if db is None else ["--db", str(db)]
     return subprocess.Popen(
-        [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, "--db", str(db),
-         "--json", *args],
+        [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, *where, "--json",
+         *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "EAI_AMQP_URL": url},
+        env={**os.environ, "EAI_AMQP_URL": url, **(env or {})},
     )  # fmt: skip
 
 
@@ -153,6 +221,60 @@ def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(step)
+
+
+def consumers(url: str, queue: str = "claim.in") -> int:
+    """How many consumers the broker has registered on `queue` (0 once they cancelled)."""
+    out = ctl("list_queues", "-p", vhost(url), "name", "consumers", "--formatter", "json")
+    return next((int(q["consumers"]) for q in json.loads(out or "[]") if q["name"] == queue), 0)
+
+
+def consumer_prefetch(url: str) -> list[int]:
+    """The prefetch_count of every consumer in the vhost, as the broker enforces it."""
+    out = ctl("list_consumers", "-p", vhost(url), "prefetch_count", "--formatter", "json")
+    return [int(c["prefetch_count"]) for c in json.loads(out or "[]")]
+
+
+def count(db: Path, table: str) -> int:
+    """Rows in a ledger table, read-only; 0 while the consumer has not created it yet.
+
+    Read-only (mode=ro), so that polling never creates the ledger file itself.
+    """
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is being created right now
+        return 0
+    finally:
+        conn.close()
+
+
+def consume_until(
+    url: str,
+    claim: str,
+    db: Path | None,
+    until: Callable[[], bool],
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`onceq mq consume … --json` until `until()` holds, then a graceful SIGTERM.
+
+    Instead of --max-seconds: a run cut by the clock passes or fails with the load of
+    the machine; this one ends when the state the test waits for is there.
+    """
+    proc = start_consumer(url, claim, db, *args, env=env)
+    try:
+        wait_for(until, timeout)
+    except BaseException:
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+        raise AssertionError(f"the consumer never reached the state; its stderr: {err}") from None
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

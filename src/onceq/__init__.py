@@ -27,7 +27,19 @@ _LAZY = {
 }
 
 __all__ = ["OnceqError", *_LAZY]
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml is the one place it is set."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onceq")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 def __getattr__(name: str) -> Any:

@@ -35,6 +35,7 @@ from typing import Any
 
 from onceq import faults
 from onceq.ledger import Entry, Ledger
+from onceq.ledger_values import is_utf8
 from onceq.transport import Delivery, Kind, Settle, Transport, decide
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,21 @@ async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
     return Outcome(Kind.SUCCESS, fields=fields)
 
 
+# The counters a summary reports, in the order it reports them.
+COUNTS = ("received", "processed", "duplicates", "recovered", "requeued", "dead")
+
+
 @dataclass
 class Stats:
-    """What one run did, by final outcome."""
+    """What one run did, by final outcome.
+
+    `reasons` counts the dead letters by reason, and only them: a summary that mixed
+    in the retries would report more failures than messages were lost. A requeue is
+    not a verdict (the copy comes back), so its reasons are kept apart.
+    `dead_word` is the transport's name for a dead letter ("quarantined" for a
+    directory queue, whose error/ folder holds them); JSON and human summaries both
+    use it, so a user meets one word for one outcome.
+    """
 
     received: int = 0
     processed: int = 0
@@ -73,7 +86,9 @@ class Stats:
     recovered: int = 0  # committed by a crashed run; only the settle was redone
     requeued: int = 0
     dead: int = 0
-    reasons: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
+    requeued_reasons: Counter[str] = field(default_factory=Counter)
+    dead_word: str = field(default="dead", compare=False)
 
     def add(self, e: Entry) -> None:
         if e.recovered:
@@ -84,21 +99,35 @@ class Stats:
             self.duplicates += 1
         elif e.settle is Settle.REQUEUE:
             self.requeued += 1
-            self.reasons[e.reason] += 1
+            self.requeued_reasons[e.reason] += 1
         else:
             self.dead += 1
             self.reasons[e.reason] += 1
 
+    @property
+    def all_failed(self) -> bool:
+        """Every message that reached a verdict was a dead letter: nothing took effect.
+
+        A run that only failed deserves more than a count buried in a summary line
+        (a wrong --required, a claim system that refuses everything).
+        """
+        return self.dead > 0 and self.processed == self.duplicates == self.recovered == 0
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "received": self.received,
-            "processed": self.processed,
-            "duplicates": self.duplicates,
-            "recovered": self.recovered,
-            "requeued": self.requeued,
-            "dead": self.dead,
-            "reasons": dict(sorted(self.reasons.items())),
-        }
+        out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS if k != "dead"}
+        out[self.dead_word] = self.dead
+        out["reasons"] = dict(sorted(self.reasons.items()))
+        out["requeued_reasons"] = dict(sorted(self.requeued_reasons.items()))
+        out["all_failed"] = self.all_failed
+        return out
+
+    def merge(self, d: dict[str, Any]) -> None:
+        """Add another run's `as_dict()` (a --workers child's report) to these counts."""
+        for k in COUNTS:
+            key = self.dead_word if k == "dead" else k
+            setattr(self, k, getattr(self, k) + d[key])
+        self.reasons.update(d["reasons"])
+        self.requeued_reasons.update(d["requeued_reasons"])
 
 
 _STOP = object()
@@ -168,7 +197,7 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    entry = self._entry(delivery, self.decode(delivery))
+                    entry = self._entry(delivery, self._decode(delivery))
                     self._pending.put_nowait((entry, None))
                     continue
                 t = asyncio.create_task(self._handle(delivery))
@@ -233,7 +262,7 @@ class Consumer:
     async def _handle(self, d: Delivery) -> None:
         guard: asyncio.Event | None = None
         try:
-            decoded = self.decode(d)
+            decoded = self._decode(d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 guard = await self._take_turn(d.msg_id)
@@ -254,6 +283,27 @@ class Consumer:
                 del self._in_flight[d.msg_id]  # type: ignore[arg-type]
                 guard.set()
             self._slots.release()
+
+    def _decode(self, d: Delivery) -> Outcome:
+        """The decoder's verdict on one delivery; never an exception.
+
+        Whatever a decoder raises on one message's bytes (a ValueError it did not
+        expect, a RecursionError, a bug) is that message's verdict, dead-lettered
+        with reason internal-error, as a handler's failure is: raised here it would
+        stop the run, and the message would stop every run after it (a poison loop).
+        An id the ledger could not store (a lone surrogate) is refused here too, since
+        every later step looks it up.
+        """
+        try:
+            outcome = self.decode(d)
+        except Exception as exc:
+            log.exception("decoder failed on %s", d.ref)
+            d.msg_id = None  # whatever it set before failing is not a checked id
+            return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
+        if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
+            d.msg_id = None
+            return Outcome(Kind.REJECTED, "encoding", "msg_id holds a lone surrogate")
+        return outcome
 
     async def _take_turn(self, msg_id: str) -> asyncio.Event:
         """One copy of a msg_id in flight at a time; later copies wait for it to settle."""

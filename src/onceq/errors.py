@@ -9,20 +9,37 @@
     │                                   not JSON, no id)
     ├── Unroutable                  6   the broker returned or nacked a published message
     ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
-    ├── LedgerError                 8   the ledger database cannot be opened or written
+    ├── LedgerError                 8   the ledger database cannot be opened or written,
+    │                                   or its folder does not exist (never created)
     └── QueueError                  9   a queue folder cannot be created, written or
                                         claimed in (permissions, disk full)
 
 Third-party exceptions (aiormq/aio-pika, aiohttp, sqlite3, OSError) are translated into
 this tree at one boundary per library; the CLI maps the tree to exit codes and prints
 the message as one line. A message never contains a URL password: use
-`redact_url` before putting a URL in any text.
+`redact_url` before putting a URL in any text (onceq.redact: the masking rule, and
+the CLI's last line of defence).
 """
 
 from __future__ import annotations
 
-import re
-from urllib.parse import urlsplit, urlunsplit
+# Masking lives in onceq.redact; re-exported here, where every message is made.
+from onceq.redact import redact_text, redact_url
+
+__all__ = [
+    "EXIT_CODES",
+    "BadMessage",
+    "BrokerUnavailable",
+    "Conflict",
+    "LedgerError",
+    "NotFound",
+    "OnceqError",
+    "QueueError",
+    "Unroutable",
+    "UsageError",
+    "redact_text",
+    "redact_url",
+]
 
 
 class OnceqError(Exception):
@@ -76,32 +93,3 @@ EXIT_CODES: dict[str, int] = {
         QueueError,
     )
 }
-
-
-def redact_url(url: str) -> str:
-    """Return `url` with any password replaced by `***` (user names are kept)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    try:
-        port = parts.port
-    except ValueError:  # a port that is not a number: mask by pattern instead
-        return redact_text(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}"
-    if port is not None:
-        netloc += f":{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@")
-
-
-def redact_text(text: str) -> str:
-    """Mask the password of every URL inside free text (the last line of defence)."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from onceq.errors import LedgerError
-from onceq.ledger_db import connect, deny_attach
+from onceq.ledger_db import connect, connect_or_create, deny_attach
+from onceq.ledger_values import is_data_error, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
 # Rows per multi-row INSERT: 7 parameters each stays far below SQLite's limit of
@@ -51,14 +52,31 @@ class Entry:
     fields: dict[str, Any] = field(default_factory=dict)
     recovered: bool = False  # the row already names this very copy: a crash after commit
 
+    def _state(self) -> tuple[Any, ...]:
+        return (self.kind, self.settle, self.reason, self.detail, self.recovered)
+
+    def _restore(self, state: tuple[Any, ...]) -> None:
+        self.kind, self.settle, self.reason, self.detail, self.recovered = state
+
+    def _refuse(self, detail: str) -> None:
+        """The ledger cannot record this success: it becomes a dead letter, with why."""
+        self.kind, self.settle, self.recovered = Kind.REJECTED, Settle.DEAD, False
+        self.reason, self.detail = "ledger-refused", detail
+
 
 class Ledger:
-    """The ledger at `path`. `source` tags rows ('dirq', 'amqp')."""
+    """The ledger at `path`. `source` tags rows ('dirq', 'amqp').
+
+    With create=True a missing file is made (never its folder: LedgerError), and
+    `created` says so; with create=False it is NotFound.
+    """
 
     def __init__(self, path: str | Path, source: str = "dirq", *, create: bool = True) -> None:
         self.path = Path(path)
         self.source = source
-        self._write = connect(self.path, create=create)
+        # `created`: this open made the ledger, so it has seen no message. The caller
+        # says so: a new ledger in front of an old queue applies every message again.
+        self._write, self.created = connect_or_create(self.path, create=create)
         # A second connection for reads, so a read never waits on (or runs inside) the
         # writer's transaction when the loop commits from a worker thread.
         try:
@@ -101,7 +119,8 @@ class Ledger:
     def last_failure(self, ref: str) -> tuple[str, str] | None:
         """(reason, detail) of the newest failure recorded for `ref`."""
         row = self._q1(
-            "SELECT reason, detail FROM failures WHERE ref = ? ORDER BY id DESC LIMIT 1", (ref,)
+            "SELECT reason, detail FROM failures WHERE ref = ? ORDER BY id DESC LIMIT 1",
+            (text(ref),),
         )
         return None if row is None else (row[0], row[1])
 
@@ -170,33 +189,81 @@ class Ledger:
         `recovered`, when the row names this very copy). A business write that the
         database refuses is undone alone and that entry is rejected; the rest of the
         group commits. A failure that a crashed run already recorded for this very
-        copy is not recorded twice (`recovered`).
+        copy is not recorded twice (`recovered`). A success whose values SQLite cannot
+        bind (`onceq.ledger_values`) becomes a dead letter, reason ledger-refused, and
+        the rest of its group commits; a database error (I/O, disk, schema) is the
+        ledger's and fails the whole group with LedgerError.
         """
         now = utcnow()
         entries = list(entries)
-        with self._transaction() as conn:
-            self._record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS], now)
-            for e in entries:
-                if e.kind is Kind.DUPLICATE:
-                    self._record_duplicate(conn, e, now)
-                elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                    if self._failure_recorded(conn, e):
-                        e.recovered = True
-                        continue
-                    conn.execute(
-                        "INSERT INTO failures (msg_id, ref, source, reason, detail, attempt,"
-                        " action, at) VALUES (?,?,?,?,?,?,?,?)",
-                        (
-                            e.delivery.msg_id,
-                            e.delivery.ref,
-                            self.source,
-                            e.reason,
-                            e.detail,
-                            e.attempt,
-                            "requeue" if e.settle is Settle.REQUEUE else "dead",
-                            now,
-                        ),
-                    )
+        for e in entries:
+            if e.kind is Kind.SUCCESS:
+                # One message's value that SQLite cannot bind (an int over 64 bits, a
+                # lone surrogate) would fail the whole group: it is refused alone.
+                problem = self._unstorable(e, now)
+                if problem:
+                    e._refuse(problem)
+        states = [e._state() for e in entries]
+        try:
+            with self._transaction() as conn:
+                self._write_entries(conn, entries, now)
+        except (LedgerError, OverflowError, UnicodeError, TypeError, ValueError) as exc:
+            if not is_data_error(exc.__cause__ if isinstance(exc, LedgerError) else exc):
+                raise
+            # The check above missed one entry's data (a new field, a new type): undone
+            # as a whole, the group is written again entry by entry, the guilty one
+            # becomes a dead letter and the innocent ones commit.
+            for e, state in zip(entries, states, strict=True):
+                e._restore(state)
+            with self._transaction() as conn:
+                for e in entries:
+                    self._write_alone(conn, e, now)
+
+    def _unstorable(self, e: Entry, now: str) -> str:
+        columns = ("msg_id", "order_no", "seq", "amount")
+        for name, value in zip(columns, self._row(e, now), strict=False):
+            why = unstorable(value)
+            if why:
+                return f"{name}: {why}"
+        return ""
+
+    def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
+        conn.execute("SAVEPOINT entry")
+        try:
+            self._write_entries(conn, [e], now)
+        except Exception as exc:
+            if not is_data_error(exc):
+                raise
+            conn.execute("ROLLBACK TO entry")
+            e._refuse(f"{type(exc).__name__}: {str(exc)[:120]}")
+            self._write_entries(conn, [e], now)  # its failure row: every text in it is made safe
+        conn.execute("RELEASE entry")
+
+    def _write_entries(self, conn: sqlite3.Connection, entries: list[Entry], now: str) -> None:
+        self._record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS], now)
+        for e in entries:
+            if e.kind is Kind.DUPLICATE:
+                self._record_duplicate(conn, e, now)
+            elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
+                if self._failure_recorded(conn, e):
+                    e.recovered = True
+                    continue
+                conn.execute(
+                    "INSERT INTO failures (msg_id, ref, source, reason, detail, attempt,"
+                    " action, at) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        # A failure row is the record of a message that went wrong, so
+                        # nothing in it may be refused: texts go through `text`.
+                        text(e.delivery.msg_id),
+                        text(e.delivery.ref),
+                        self.source,
+                        text(e.reason),
+                        text(e.detail),
+                        e.attempt,
+                        "requeue" if e.settle is Settle.REQUEUE else "dead",
+                        now,
+                    ),
+                )
 
     def _record_successes(self, conn: sqlite3.Connection, group: list[Entry], now: str) -> None:
         """Insert the `processed` rows of a group, many per statement.
@@ -209,7 +276,7 @@ class Ledger:
         """
         for i in range(0, len(group), BULK_ROWS):
             chunk = group[i : i + BULK_ROWS]
-            keys = [(e.delivery.msg_id, e.delivery.ref) for e in chunk]
+            keys = [(e.delivery.msg_id, text(e.delivery.ref)) for e in chunk]
             if len(set(keys)) < len(keys):
                 for e in chunk:
                     self._record_success(conn, e, now)
@@ -247,7 +314,7 @@ class Ledger:
             f.get("amount"),
             now,
             self.source,
-            e.delivery.ref,
+            text(e.delivery.ref),
         )
 
     def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
@@ -287,11 +354,13 @@ class Ledger:
             return False
         row = conn.execute(
             "SELECT max(at) FROM failures WHERE ref = ? AND source = ? AND action = 'dead'",
-            (d.ref, self.source),
+            (text(d.ref), self.source),
         ).fetchone()
         if row is None or row[0] is None:
             return False
-        replayed = conn.execute("SELECT max(at) FROM replays WHERE ref = ?", (d.ref,)).fetchone()
+        replayed = conn.execute(
+            "SELECT max(at) FROM replays WHERE ref = ?", (text(d.ref),)
+        ).fetchone()
         return replayed is None or replayed[0] is None or replayed[0] < row[0]
 
     def _record_duplicate(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
@@ -299,7 +368,7 @@ class Ledger:
             "SELECT ref, source FROM processed WHERE msg_id = ?", (e.delivery.msg_id,)
         ).fetchone()
         d = e.delivery
-        if d.stable_ref and row is not None and row[0] == d.ref and row[1] == self.source:
+        if d.stable_ref and row is not None and row[0] == text(d.ref) and row[1] == self.source:
             # The row names this very file: we crashed after the commit and before the
             # move. It is finished work, not a duplicate.
             e.recovered = True
@@ -307,7 +376,7 @@ class Ledger:
         new = conn.execute(
             "INSERT INTO duplicates (msg_id, ref, seen_at) VALUES (?,?,?)"
             " ON CONFLICT(msg_id, ref) DO NOTHING RETURNING msg_id",
-            (e.delivery.msg_id, e.delivery.ref, now),
+            (e.delivery.msg_id, text(e.delivery.ref), now),
         ).fetchone()
         if new is None and d.stable_ref and d.redelivered:
             # This very copy (a file taken over from a dead consumer) was already
@@ -316,4 +385,4 @@ class Ledger:
 
     def record_replay(self, ref: str) -> None:
         with self._transaction() as conn:
-            conn.execute("INSERT INTO replays (ref, at) VALUES (?,?)", (ref, utcnow()))
+            conn.execute("INSERT INTO replays (ref, at) VALUES (?,?)", (text(ref), utcnow()))

@@ -57,14 +57,39 @@ def deny_attach(action: int, *_: object) -> int:
     return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
 
 
+def check_folder(path: str | Path) -> None:
+    """LedgerError unless the folder that is to hold the ledger `path` exists.
+
+    The folder is never created: a mistyped --db or EAI_MQ_DB would otherwise start a
+    new, empty ledger in front of an existing queue, and every message it then sees
+    takes effect again. The defaults (QDIR/ledger.db, the lab's processed.db) live in
+    folders that exist already.
+    """
+    folder = Path(path).parent
+    # exists(), not is_dir(): a file in the folder's place is sqlite's to refuse
+    # ("cannot open the ledger"), as any other unopenable path.
+    if not folder.exists():
+        raise LedgerError(
+            f"{folder}: no such folder for the ledger {Path(path).name} (not created: a"
+            " mistyped path would start an empty ledger and apply every message again)"
+        )
+
+
 def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     """Open the ledger with the settings every guarantee depends on."""
+    return connect_or_create(path, create=create)[0]
+
+
+def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3.Connection, bool]:
+    """(connection, whether this call made the ledger's tables: a ledger that has seen
+    nothing). With create=False a missing file is NotFound; with create=True a missing
+    folder is LedgerError (`check_folder`)."""
     p = Path(path)
     if not create and not p.exists():
         raise NotFound(f"{p}: no ledger database here")
+    if create:
+        check_folder(p)
     try:
-        if create:
-            p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             str(p), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
         )
@@ -73,7 +98,7 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     try:
         # Checked before the first write (the WAL switch below writes a header): a file
         # that is not our ledger is refused exactly as it was found.
-        _check_schema(conn, p, create=create)
+        new = _check_schema(conn, p, create=create)
         # WAL lets readers (lag, report, the duplicate pre-check) run beside the writer.
         conn.execute("PRAGMA journal_mode=WAL")
         # FULL: the commit is on disk before we move a file or ack a delivery.
@@ -91,7 +116,7 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
         if isinstance(exc, LedgerError):
             raise
         raise _cannot_open(p, exc) from exc
-    return conn
+    return conn, new
 
 
 def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
@@ -118,8 +143,9 @@ def _expected() -> dict[str, set[str]]:
         return _tables(conn)
 
 
-def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
-    """Raise LedgerError unless p holds our tables (or, with create, none of them yet).
+def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> bool:
+    """Raise LedgerError unless p holds our tables (or, with create, none of them yet);
+    True when it holds none yet (a new ledger: its tables are to be made).
 
     A database with a `processed` table of other columns (the seed's tutorial ledger,
     an older onceq) would refuse every insert, and a refused insert reads as a refused
@@ -128,7 +154,7 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
     have = _tables(conn)
     ours = [t for t in _expected() if t in have]
     if create and not ours:
-        return  # a new database (or someone else's) that we may create our tables in
+        return True  # a new database (or someone else's) that we may create our tables in
     if not ours:
         raise LedgerError(f"{p}: not an onceq ledger (no table processed)")
     missing = [f"table {t}" for t in _expected() if t not in have] + [
@@ -139,3 +165,4 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> None:
             f"{p}: a ledger of another schema (missing {', '.join(missing)});"
             " use a new --db or migrate it"
         )
+    return False

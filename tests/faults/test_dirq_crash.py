@@ -185,7 +185,7 @@ def finish(root: Path) -> dict[str, object]:
     assert r.returncode == 0, r.stderr
     assert "locked" not in r.stderr
     summary = json.loads(r.stdout)
-    parts = ("processed", "duplicates", "recovered", "dead")
+    parts = ("processed", "duplicates", "recovered", "quarantined")
     assert summary["received"] == sum(summary[k] for k in parts), summary
     return summary
 
@@ -257,7 +257,7 @@ def test_a_copy_committed_before_the_kill_is_recovered_not_a_duplicate(tmp_path:
 
     summary = consume_all(root)
     assert summary["recovered"] == 3
-    assert summary["processed"] == summary["duplicates"] == summary["dead"] == 0
+    assert summary["processed"] == summary["duplicates"] == summary["quarantined"] == 0
     check_invariants(root, exp)  # no second row, no new duplicate, no second failure
 
 

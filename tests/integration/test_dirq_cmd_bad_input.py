@@ -82,7 +82,7 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     expected = {n: reason for n, (_, reason, _) in BAD.items()}
     expected |= {"folder.json": "not-a-file", "link.json": "not-a-file"}
     assert stats["processed"] == 1
-    assert stats["dead"] == len(expected)
+    assert stats["quarantined"] == len(expected)
 
     # The folders: everything bad in error/, the good one done, nothing left claimed.
     assert sorted(os.listdir(q / "error")) == sorted(expected)

@@ -125,9 +125,11 @@ def test_schema_reads_only_valid_messages_and_names_every_type(tmp_path: Path) -
 
 
 def test_schema_of_a_missing_queue_is_not_found(tmp_path: Path) -> None:
+    before = snapshot(tmp_path)
     r = run_cli("dirq", "schema", str(tmp_path / "nope"))
     assert r.returncode == 3
     _one_line_error(r)
+    assert snapshot(tmp_path) == before  # no queue folder, no schema.csv made
 
 
 # --- order-check --------------------------------------------------------------------
@@ -220,6 +222,9 @@ def _loads(p: Path) -> dict | None:
 
 
 def test_order_check_argument_errors(sample_q: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.sql"
+    empty.write_text("-- nothing\n")
+    before = snapshot(tmp_path)
     r = run_cli("dirq", "order-check")
     assert r.returncode == 2
     _one_line_error(r)
@@ -228,12 +233,14 @@ def test_order_check_argument_errors(sample_q: Path, tmp_path: Path) -> None:
     assert r.returncode == 3
     _one_line_error(r)
     assert not missing.exists() and not missing.parent.exists()  # a check creates nothing
-    empty = tmp_path / "empty.sql"
-    empty.write_text("-- nothing\n")
     r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(empty))
     assert r.returncode == 2
+    _one_line_error(r)
     r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(tmp_path / "nope.sql"))
     assert r.returncode == 3
+    _one_line_error(r)
+    # No result file, no ledger change, nothing new anywhere.
+    assert snapshot(tmp_path) == before
 
 
 # --- lag ----------------------------------------------------------------------------
@@ -289,9 +296,12 @@ def test_lag_refuses_a_missing_or_partial_queue(tmp_path: Path) -> None:
     assert r.returncode == 2
     _one_line_error(r)
     (tmp_path / "half" / "inbox").mkdir(parents=True)
+    before = snapshot(tmp_path)
     r = run_cli("dirq", "lag", str(tmp_path / "half"), "5")
     assert r.returncode == 2
     _one_line_error(r)
+    assert r.stdout == ""
+    assert snapshot(tmp_path) == before  # the missing folders are not made up
 
 
 def _imported_modules(*args: str) -> str:
@@ -335,6 +345,7 @@ def test_replay_moves_the_file_back_and_records_it(sample_q: Path) -> None:
 def test_replay_records_into_the_db_named_by_option(tmp_path: Path) -> None:
     q = _queue(tmp_path, {"x.json": b"{"})
     db = tmp_path / "elsewhere" / "l.db"
+    db.parent.mkdir()  # a ledger's folder is never created (a typo would start a new one)
     _consume(q, "--db", str(db))
     r = run_cli("dirq", "replay", str(q), "x.json", "--db", str(db))
     assert r.returncode == 0, r.stderr
@@ -446,8 +457,13 @@ def test_report_needs_a_queue_and_a_ledger(tmp_path: Path) -> None:
     assert r.returncode == 3  # never consumed: no ledger, and report does not create one
     _one_line_error(r)
     assert not (q / "ledger.db").exists()
+    _consume(q)
     shutil.rmtree(q / "error")
-    assert run_cli("dirq", "report", str(q)).returncode == 3
+    before = snapshot(q)
+    r = run_cli("dirq", "report", str(q))
+    assert r.returncode == 3
+    _one_line_error(r)
+    assert snapshot(q) == before  # no error/, no dup.txt, no error.csv made
 
 
 def test_output_into_a_missing_folder_is_not_found(sample_q: Path, tmp_path: Path) -> None:

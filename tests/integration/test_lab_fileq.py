@@ -97,7 +97,7 @@ def test_consume_py_consumes_new_messages_into_its_own_queue(tmp_path: Path) -> 
     q = tmp_path / "R" / "q"
     r = _run([str(q / "consume.py")], Path("/"))  # executable, via its #! line
     assert r.returncode == 0, r.stderr
-    assert "20 received, 15 processed, 3 duplicate(s), 2 quarantined" in r.stdout
+    assert "20 received, 15 processed, 3 duplicates, 2 quarantined" in r.stdout
     assert _processed(q) == 15
     assert (q / "dup.txt").read_text() == "m-0003\nm-0007\nm-0012\n"
     assert len((q / "error.csv").read_text().splitlines()) == 3

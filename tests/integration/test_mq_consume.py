@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
+import signal
 from pathlib import Path
 
 import pytest
 
 from mq_support import (
     CLAIMS,
+    broker_state,
     claim_doc,
     consume,
+    consume_until,
+    consumer_prefetch,
+    consumers,
+    count,
     get_all,
     partner,
     publish,
@@ -35,10 +39,13 @@ def test_sample_run_follows_the_settle_table(amqp_url: str, tmp_path: Path) -> N
     publish(amqp_url, *sorted(CLAIMS.glob("*.json")))
     db = tmp_path / "processed.db"
     with partner() as p:
-        r = consume(amqp_url, p.url, db, "--max-seconds", "3")
+        # 6 processed, 1 duplicate, 3 failure rows (422 dead; 503 requeued, then dead).
+        r = consume_until(amqp_url, p.url, db, lambda: _ledger(db) == (6, 1, 3))
         stats = p.stats()
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
+    # Every call carried Idempotency-Key = the message_id (= the claim's guid).
+    assert stats["by_key"] == stats["by_guid"] and stats["key_mismatch"] == 0
 
     # 422 → exactly one call, dead at once, reason recorded.
     assert stats["by_guid"][NODOCS] == 1
@@ -68,7 +75,14 @@ def test_sample_run_follows_the_settle_table(amqp_url: str, tmp_path: Path) -> N
     # The summary says the same.
     assert summary["processed"] == 6 and summary["duplicates"] == 1
     assert summary["dead"] == 2 and summary["requeued"] == 1
-    assert summary["reasons"] == {"http-422": 1, "http-503": 2}
+    # reasons: the dead letters only (one each); the retry is counted apart.
+    assert summary["reasons"] == {"http-422": 1, "http-503": 1}
+    assert summary["requeued_reasons"] == {"http-503": 1}
+    assert summary["all_failed"] is False
+
+
+def _ledger(db: Path) -> tuple[int, int, int]:
+    return count(db, "processed"), count(db, "duplicates"), count(db, "failures")
 
 
 def test_restarted_consumer_does_not_call_again_for_processed_ids(
@@ -79,10 +93,11 @@ def test_restarted_consumer_does_not_call_again_for_processed_ids(
     db = tmp_path / "processed.db"
     with partner() as p:
         publish(amqp_url, *files)
-        assert consume(amqp_url, p.url, db, "--max-seconds", "2").returncode == 0
+        first = consume_until(amqp_url, p.url, db, lambda: _ledger(db) == (5, 0, 0))
+        assert first.returncode == 0, first.stderr
         assert p.stats()["total"] == 5
         publish(amqp_url, *files)  # the producer sends them all again
-        second = consume(amqp_url, p.url, db, "--max-seconds", "2")
+        second = consume_until(amqp_url, p.url, db, lambda: _ledger(db) == (5, 5, 0))
         assert second.returncode == 0, second.stderr
         assert p.stats()["total"] == 5  # no new call
     summary = json.loads(second.stdout)
@@ -91,96 +106,93 @@ def test_restarted_consumer_does_not_call_again_for_processed_ids(
 
 
 def test_db_defaults_to_eai_mq_db(amqp_url: str, tmp_path: Path) -> None:
-    from mq_support import cli
-
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("e-1")]))
     db = tmp_path / "env.db"
     with partner() as p:
-        r = cli(amqp_url, "mq", "consume", "--claim", p.url, "--max-seconds", "1.5",
-                "--json", EAI_MQ_DB=str(db))  # fmt: skip
+        r = consume_until(
+            amqp_url, p.url, None, lambda: count(db, "processed") == 1, env={"EAI_MQ_DB": str(db)}
+        )
     assert r.returncode == 0, r.stderr
     assert rows(db, "SELECT msg_id FROM processed") == [("e-1",)]
 
 
 def test_in_flight_duplicates_call_the_claim_system_once(amqp_url: str, tmp_path: Path) -> None:
-    """Two copies back to back reach the consumer together (prefetch 5, slow stub)."""
+    """Two copies back to back reach the consumer together (prefetch 5): the first
+    copy's call is held at the stub until the broker shows both delivered, so the
+    second copy certainly arrives while the first is in flight."""
     topology(amqp_url)
     files = write_claims(tmp_path / "c", [claim_doc("twin"), claim_doc("twin")])
     publish(amqp_url, *files)
     db = tmp_path / "processed.db"
-    with partner(delay=0.5) as p:
-        r = consume(amqp_url, p.url, db, "--max-seconds", "2.5", "--prefetch", "5")
+    with partner() as p:
+        p.hold()
+        proc = start_consumer(amqp_url, p.url, db, "--prefetch", "5", "--timeout", "60")
+        wait_for(lambda: p.held() == 1, timeout=30)
+        wait_for(lambda: queues(amqp_url)["claim.in"] == (2, 2), timeout=30, step=0.2)
+        assert p.stats()["total"] == 1  # the second copy waits for the first's outcome
+        p.release()
+        wait_for(lambda: count(db, "duplicates") == 1, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
         stats = p.stats()
-    assert r.returncode == 0, r.stderr
-    assert stats["by_guid"] == {"twin": 1}
-    assert json.loads(r.stdout)["duplicates"] == 1
+    assert proc.returncode == 0, err
+    assert stats["by_guid"] == {"twin": 1} and stats["by_key"] == {"twin": 1}
+    assert json.loads(out)["duplicates"] == 1
     assert queues(amqp_url)["claim.in"] == (0, 0)
 
 
 def test_prefetch_bounds_unacked_and_is_used_concurrently(amqp_url: str, tmp_path: Path) -> None:
-    from mq_support import vhost
-
     prefetch, n = 5, 40
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc(f"p-{i}") for i in range(n)]))
     db = tmp_path / "processed.db"
-    seen: list[int] = []
-    stop = threading.Event()
-
-    def poll() -> None:  # the broker's own count, as an operator would read it
-        import subprocess
-
-        while not stop.is_set():
-            out = subprocess.run(
-                ["rabbitmqctl", "-q", "list_queues", "-p", vhost(amqp_url), "name",
-                 "messages_unacknowledged", "--formatter", "json"],
-                capture_output=True, text=True, check=False,
-            ).stdout  # fmt: skip
-            for q in json.loads(out or "[]"):
-                if q["name"] == "claim.in":
-                    seen.append(int(q["messages_unacknowledged"]))
-
-    with partner(delay=0.5) as p:
-        proc = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
-        poller = threading.Thread(target=poll)
-        poller.start()
+    with partner() as p:
+        p.hold()
+        proc = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch), "--timeout", "60")
         try:
-            deadline = time.monotonic() + 15
-            while p.stats()["total"] < n and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # prefetch calls at once: the bound is reached, deliveries really overlap.
+            wait_for(lambda: p.held() == prefetch, timeout=30)
+            # None of them can end, so nothing is acked: the broker's own counts show
+            # exactly prefetch deliveries out, the QoS it enforces, and no further call.
+            assert consumer_prefetch(amqp_url) == [prefetch]
+            assert queues(amqp_url)["claim.in"] == (n, prefetch)
+            assert p.stats()["total"] == prefetch
+            p.release()
+            wait_for(lambda: count(db, "processed") == n, timeout=60)
         finally:
-            stop.set()
-            poller.join()
             proc.terminate()
-            _, err = proc.communicate(timeout=15)
+            _, err = proc.communicate(timeout=60)
         stats = p.stats()
     assert proc.returncode == 0, err
     assert stats["total"] == n
-    assert seen, "rabbitmqctl never answered"
-    assert max(seen) <= prefetch, seen
-    assert prefetch in seen, seen  # the bound is reached: deliveries really overlap
     assert stats["peak_in_flight"] == prefetch
 
 
 @pytest.mark.parametrize(
-    ("stub_delay", "reason"),
-    [(None, "connect-error"), (2.0, "timeout")],
+    ("stub", "reason"),
+    [("refused", "connect-error"), ("never answers", "timeout")],
 )
 def test_transient_transport_failures_retry_once_then_dead(
-    amqp_url: str, tmp_path: Path, stub_delay: float | None, reason: str
+    amqp_url: str, tmp_path: Path, stub: str, reason: str
 ) -> None:
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("t-1")]))
     db = tmp_path / "processed.db"
-    if stub_delay is None:
+
+    def dead() -> bool:
+        return count(db, "failures") == 2
+
+    if stub == "refused":
         from support import free_port
 
-        r = consume(amqp_url, f"http://127.0.0.1:{free_port()}", db, "--max-seconds", "2")
+        r = consume_until(amqp_url, f"http://127.0.0.1:{free_port()}", db, dead)
     else:
-        with partner(delay=stub_delay) as p:
-            r = consume(amqp_url, p.url, db, "--max-seconds", "2.5", "--timeout", "0.5")
+        with partner() as p:
+            p.hold()  # the stub takes each call and never answers: the timeout is certain
+            r = consume_until(amqp_url, p.url, db, dead, "--timeout", "0.5")
             assert p.stats()["by_guid"] == {"t-1": 2}
+            p.release()
     assert r.returncode == 0, r.stderr
     got = rows(db, "SELECT reason, attempt, action FROM failures ORDER BY id")
     assert got == [(reason, 1, "requeue"), (reason, 2, "dead")]
@@ -191,6 +203,10 @@ def test_missing_queue_is_not_found(amqp_url: str, tmp_path: Path) -> None:
     r = consume(amqp_url, "http://127.0.0.1:9", tmp_path / "db", "--max-seconds", "1")
     assert r.returncode == 3, r.stderr
     assert "claim.in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # The consumer declares passively: it creates no queue (with guessed attributes),
+    # and a refused run leaves no ledger.
+    assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}
+    assert not (tmp_path / "db").exists()
 
 
 def test_two_consumer_processes_share_one_ledger_each_claim_once(
@@ -198,39 +214,35 @@ def test_two_consumer_processes_share_one_ledger_each_claim_once(
 ) -> None:
     """Two real processes on one queue and one SQLite file: every claim is called and
     recorded exactly once, both take part, and neither hits 'database is locked'."""
-    n = 400
+    n, prefetch = 400, 20
     topology(amqp_url)
     files = write_claims(tmp_path / "c", [claim_doc(f"two-{i}") for i in range(n)])
     db = tmp_path / "processed.db"
-    with partner(delay=0.02) as p:
-        procs = [start_consumer(amqp_url, p.url, db, "--prefetch", "20") for _ in range(2)]
+    with partner() as p:
+        procs = [
+            start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch), "--timeout", "60")
+            for _ in range(2)
+        ]
         try:
-            # Publish only once both consume: a slow start must not leave one idle.
-            wait_for(lambda: _consumers(amqp_url) == 2, timeout=15, step=0.2)
+            wait_for(lambda: consumers(amqp_url) == 2, timeout=30, step=0.2)
+            p.hold()
             publish(amqp_url, *files)
-            deadline = time.monotonic() + 15
-            while p.stats()["total"] < n and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # 2 x prefetch calls held at once: more than one consumer may have out, so
+            # both take part, by construction (each will record the calls it holds).
+            wait_for(lambda: p.held() == 2 * prefetch, timeout=30)
+            p.release()
+            wait_for(lambda: count(db, "processed") == n, timeout=60)
         finally:
             for proc in procs:
                 proc.terminate()
-            outs = [proc.communicate(timeout=15) for proc in procs]
+            outs = [proc.communicate(timeout=60) for proc in procs]
         stats = p.stats()
     for proc, (_, err) in zip(procs, outs, strict=True):
         assert proc.returncode == 0, err
         assert "locked" not in err and "Traceback" not in err
     summaries = [json.loads(out) for out, _ in outs]
-    assert all(s["processed"] > 0 for s in summaries), summaries  # both really consumed
+    assert all(s["processed"] >= prefetch for s in summaries), summaries  # both consumed
     assert sum(s["processed"] for s in summaries) == n
     assert stats["total"] == n and set(stats["by_guid"].values()) == {1}
     assert rows(db, "SELECT count(*), count(DISTINCT msg_id) FROM processed") == [(n, n)]
     assert queues(amqp_url)["claim.in"] == (0, 0)
-
-
-def _consumers(url: str) -> int:
-    from mq_support import ctl, vhost
-
-    out = ctl("list_queues", "-p", vhost(url), "name", "consumers", "--formatter", "json")
-    return next(
-        (int(q["consumers"]) for q in json.loads(out or "[]") if q["name"] == "claim.in"), 0
-    )

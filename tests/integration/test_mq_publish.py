@@ -8,7 +8,18 @@ from pathlib import Path
 import pika
 import pytest
 
-from mq_support import CLAIMS, claim_doc, cli, get_all, queues, topology, write_claims
+from mq_support import (
+    CLAIMS,
+    broker_state,
+    claim_doc,
+    cli,
+    ctl,
+    get_all,
+    queues,
+    topology,
+    vhost,
+    write_claims,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -48,7 +59,7 @@ BAD_FILES = {
     "blank-guid": ("blank.json", json.dumps({"guid": "  ", "docs": ["a"]}), "no guid"),
     "array": ("array.json", "[1, 2]", "not a JSON object"),
     "a-folder": ("adir.json", "<dir>", "cannot read"),  # root reads 0o000 files, not folders
-    "missing": ("missing.json", None, "cannot read"),
+    "missing": ("missing.json", None, "no such file"),  # exit 3, as in every command
 }
 
 
@@ -65,7 +76,7 @@ def test_a_bad_file_exits_5_and_nothing_is_published(
     elif content is not None:
         bad.write_text(content)
     r = cli(amqp_url, "mq", "publish", str(good[0]), str(bad), str(good[1]))
-    assert r.returncode == 5, r.stderr
+    assert r.returncode == (3 if case == "missing" else 5), r.stderr
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert str(bad) in line and why in line
@@ -83,7 +94,7 @@ def test_unroutable_exits_6(amqp_url: str, tmp_path: Path) -> None:
     assert r.returncode == 6, r.stderr
     assert "unroutable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "2 of 2" in r.stderr
-    assert queues(amqp_url)["claim.in"] == (0, 0)
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (0, 0)}  # in no queue
 
 
 def test_deleted_queue_is_unroutable_too(amqp_url: str, tmp_path: Path) -> None:
@@ -91,8 +102,32 @@ def test_deleted_queue_is_unroutable_too(amqp_url: str, tmp_path: Path) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
     conn.channel().queue_delete("claim.in")
     conn.close()
+    before = broker_state(amqp_url)
     r = cli(amqp_url, "mq", "publish", *map(str, write_claims(tmp_path, [claim_doc("g-1")])))
     assert r.returncode == 6, r.stderr
+    assert "unroutable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # Returned, so in no queue; and publish does not re-create the queue it lacks.
+    assert queues(amqp_url) == {"claim.dead": (0, 0)}
+    assert broker_state(amqp_url) == before
+
+
+def test_a_nacked_message_exits_6_and_is_in_no_queue(amqp_url: str, tmp_path: Path) -> None:
+    """The broker nacks what claim.in refuses (a policy: at most one message, overflow
+    reject-publish): exit 6 naming the nacked count; the one accepted is the only one
+    in any queue, and the nacked ones are not dead-lettered either."""
+    topology(amqp_url)
+    ctl(
+        "set_policy", "-p", vhost(amqp_url), "--apply-to", "queues", "one-only", "^claim\\.in$",
+        '{"max-length": 1, "overflow": "reject-publish"}',
+    )  # fmt: skip
+    files = write_claims(tmp_path, [claim_doc(f"g-{i}") for i in range(3)])
+    r = cli(amqp_url, "mq", "publish", "--window", "1", *map(str, files), "--json")
+    assert r.returncode == 6, r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, r.stderr
+    assert "nacked" in line and "2 of 3" in line and "1 published" in line, line
+    assert queues(amqp_url) == {"claim.in": (1, 0), "claim.dead": (0, 0)}
+    assert [props.message_id for _, props, _ in get_all(amqp_url, "claim.in")] == ["g-0"]
 
 
 def test_missing_exchange_is_not_found(amqp_url: str, tmp_path: Path) -> None:
@@ -100,3 +135,5 @@ def test_missing_exchange_is_not_found(amqp_url: str, tmp_path: Path) -> None:
     r = cli(amqp_url, "mq", "publish", *map(str, write_claims(tmp_path, [claim_doc("g-1")])))
     assert r.returncode == 3, r.stderr
     assert "eai.claim" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # Nothing declared on the way: publish never creates topology.
+    assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}

@@ -8,43 +8,15 @@ from pathlib import Path
 import pika
 import pytest
 
-from mq_support import cli, ctl, queues, vhost
+from mq_support import broker_state, cli, ctl, queues, vhost
 
 pytestmark = pytest.mark.broker
-
-
-def _state(url: str) -> dict[str, object]:
-    v = vhost(url)
-    exchanges = json.loads(
-        ctl("list_exchanges", "-p", v, "name", "type", "durable", "--formatter", "json")
-    )
-    qs = json.loads(
-        ctl("list_queues", "-p", v, "name", "durable", "arguments", "--formatter", "json")
-    )
-    bindings = json.loads(
-        ctl("list_bindings", "-p", v, "source_name", "destination_name", "routing_key",
-            "--formatter", "json")
-    )  # fmt: skip
-    return {
-        "exchanges": sorted(
-            (e["name"], e["type"], e["durable"]) for e in exchanges if e["name"].startswith("eai.")
-        ),
-        "queues": sorted(
-            (q["name"], q["durable"], tuple(sorted((a[0], a[2]) for a in q["arguments"])))
-            for q in qs
-        ),
-        "bindings": sorted(
-            (b["source_name"], b["destination_name"], b["routing_key"])
-            for b in bindings
-            if b["source_name"]
-        ),
-    }
 
 
 def test_topology_declares_everything_and_a_second_run_changes_nothing(amqp_url: str) -> None:
     first = cli(amqp_url, "mq", "topology", "--json")
     assert first.returncode == 0, first.stderr
-    state = _state(amqp_url)
+    state = broker_state(amqp_url)
     assert state["exchanges"] == [("eai.claim", "direct", True), ("eai.dlx", "direct", True)]
     dlx_args = (("x-dead-letter-exchange", "eai.dlx"), ("x-dead-letter-routing-key", "claim.dead"))
     assert state["queues"] == [("claim.dead", True, ()), ("claim.in", True, dlx_args)]
@@ -57,7 +29,7 @@ def test_topology_declares_everything_and_a_second_run_changes_nothing(amqp_url:
     second = cli(amqp_url, "mq", "topology", "--json")
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""
-    assert _state(amqp_url) == state
+    assert broker_state(amqp_url) == state
     objects = json.loads(second.stdout)["objects"]
     assert "created" not in objects.values()
 
@@ -87,18 +59,54 @@ def test_conflicting_queue_exits_4_names_it_and_creates_nothing(amqp_url: str) -
     assert "claim.in" in lines[0] and "406" in lines[0]
     assert "Traceback" not in r.stderr
     # Refused means no change: the exchanges and claim.dead were not created.
-    state = _state(amqp_url)
+    state = broker_state(amqp_url)
     assert state["exchanges"] == []
     assert [q[0] for q in state["queues"]] == ["claim.in"]
 
 
-def test_conflicting_exchange_type_exits_4(amqp_url: str) -> None:
+CONFLICTS = {
+    # case: (what the broker holds already, the object the refusal names)
+    "dlx-fanout": (lambda ch: ch.exchange_declare("eai.dlx", "fanout", durable=True), "eai.dlx"),
+    "claim-topic": (
+        lambda ch: ch.exchange_declare("eai.claim", "topic", durable=True),
+        "eai.claim",
+    ),
+    "claim-transient": (
+        lambda ch: ch.exchange_declare("eai.claim", "direct", durable=False),
+        "eai.claim",
+    ),
+    "in-without-dlx": (lambda ch: ch.queue_declare("claim.in", durable=True), "claim.in"),
+    "dead-transient": (lambda ch: ch.queue_declare("claim.dead", durable=False), "claim.dead"),
+    "dead-with-ttl": (
+        lambda ch: ch.queue_declare("claim.dead", durable=True, arguments={"x-message-ttl": 1000}),
+        "claim.dead",
+    ),
+    # The topology itself, with one object changed: the others exist already.
+    "full-but-dead-transient": (
+        lambda ch: (
+            ch.exchange_declare("eai.claim", "direct", durable=True),
+            ch.exchange_declare("eai.dlx", "direct", durable=True),
+            ch.queue_declare("claim.dead", durable=False),
+        ),
+        "claim.dead",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFLICTS))
+def test_every_406_exits_4_names_the_object_and_changes_nothing(amqp_url: str, case: str) -> None:
+    setup, name = CONFLICTS[case]
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    conn.channel().exchange_declare("eai.dlx", "fanout", durable=True)
+    setup(conn.channel())
     conn.close()
+    before = broker_state(amqp_url)
     r = cli(amqp_url, "mq", "topology")
-    assert r.returncode == 4
-    assert "eai.dlx" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 4, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onceq: "), r.stderr
+    assert name in lines[0] and "406" in lines[0], lines
+    # Refused means nothing created, nothing bound, nothing changed.
+    assert broker_state(amqp_url) == before
 
 
 @pytest.mark.parametrize(
@@ -124,12 +132,16 @@ def test_broker_unavailable_is_one_line_without_the_password(
         assert "s3cretPassw0rd" not in r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "guest:***@127.0.0.1" in r.stderr
+        assert r.stdout == ""
+    assert not (tmp_path / "db").exists()  # a refused consume leaves no ledger
 
 
 def test_missing_vhost_is_broker_unavailable(amqp_url: str) -> None:
     r = cli(amqp_url + "-gone", "mq", "topology")
     assert r.returncode == 7
     assert "-gone" in r.stderr and "Traceback" not in r.stderr
+    assert vhost(amqp_url) + "-gone" not in ctl("list_vhosts", "name").split()  # not made
+    assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}
 
 
 def test_status_reads_depths_of_the_urls_vhost_and_the_watermark(amqp_url: str) -> None:

@@ -85,13 +85,20 @@ def consume(
     opts: ConsumeOptions,
     *,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
+    on_new_ledger: Callable[[Path], None] | None = None,
 ) -> ConsumeResult:
-    """Run a consumer until the deadline or a signal; returns what it did."""
-    return asyncio.run(_consume(url, opts, on_settled))
+    """Run a consumer until the deadline or a signal; returns what it did.
+
+    `on_new_ledger(path)` is called when the run made its ledger (it has seen nothing).
+    """
+    return asyncio.run(_consume(url, opts, on_settled, on_new_ledger))
 
 
 async def _consume(
-    url: str, opts: ConsumeOptions, on_settled: Callable[[Sequence[Entry]], None] | None
+    url: str,
+    opts: ConsumeOptions,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+    on_new_ledger: Callable[[Path], None] | None,
 ) -> ConsumeResult:
     from onceq.amqp.handler import ClaimHandler, decode
     from onceq.amqp.transport import AmqpTransport
@@ -107,6 +114,8 @@ async def _consume(
         # still reported before any delivery is taken.
         await transport.open()
         ledger = Ledger(opts.db, source="amqp")
+        if ledger.created and on_new_ledger is not None:
+            on_new_ledger(opts.db)
         await transport.start()
         consumer = Consumer(
             transport,

@@ -18,10 +18,13 @@ aiohttp exceptions are turned into Outcomes here and nowhere else.
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from onceq.consumer import Outcome
 from onceq.errors import redact_text
+from onceq.ledger_values import fits_int64, is_utf8
 from onceq.transport import Delivery, Kind
 
 CLAIMS_PATH = "/v1/claims"
@@ -32,24 +35,58 @@ def decode(delivery: Delivery) -> Outcome:
     """Set delivery.msg_id from the message_id property (else the body's guid).
 
     A body that is not a JSON object can never be accepted, so it is rejected here
-    (dead-lettered at once) rather than sent to the claim system and retried.
+    (dead-lettered at once) rather than sent to the claim system and retried. So is
+    a body whose id or kept fields the ledger or an HTTP header cannot carry: any
+    such failure found later would be the whole group's (a crash at the commit, a
+    redelivery to every consumer), never this one message's.
+
+    | reason     | the message …                                                  |
+    | parse      | is not UTF-8 JSON (incl. an integer of > 4300 digits, deep nesting) |
+    | not-object | is JSON, but not an object                                     |
+    | missing-id | has no usable message_id property and no guid                  |
+    | bad-id     | its guid is not a string or an integer, or an id holds a control character |
+    | encoding   | its id or claimId holds a lone surrogate (legal as a JSON escape only) |
     """
     try:
         doc = json.loads(delivery.body.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        return Outcome(Kind.REJECTED, "parse", type(exc).__name__)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers UnicodeDecodeError, JSONDecodeError and the plain ValueError
+        # of an integer over Python's 4300-digit conversion limit.
+        return Outcome(Kind.REJECTED, "parse", _short(f"{type(exc).__name__}: {exc}"))
     if not isinstance(doc, dict):
         return Outcome(Kind.REJECTED, "not-object", f"top level is {type(doc).__name__}")
-    msg_id = delivery.headers.get("message_id") or doc.get("guid")
-    if msg_id is None or not str(msg_id).strip():
-        return Outcome(Kind.REJECTED, "missing-id", "no message_id property and no guid")
-    delivery.msg_id = str(msg_id)
+    prop = delivery.headers.get("message_id")
+    if isinstance(prop, str) and prop.strip():
+        msg_id = prop
+    else:  # missing, empty or blank: a publisher that set none; the body's guid decides
+        guid = doc.get("guid")
+        if guid is None or (isinstance(guid, str) and not guid.strip()):
+            return Outcome(Kind.REJECTED, "missing-id", "no message_id property and no guid")
+        if isinstance(guid, bool) or not isinstance(guid, str | int):
+            return Outcome(Kind.REJECTED, "bad-id", f"guid is a {type(guid).__name__}")
+        msg_id = str(guid)
+    if not is_utf8(msg_id):
+        return Outcome(Kind.REJECTED, "encoding", "the id is not UTF-8 text (a lone surrogate)")
+    if CONTROL_CHARS.search(msg_id):
+        # It becomes the Idempotency-Key header, which cannot carry CR, LF or NUL.
+        return Outcome(Kind.REJECTED, "bad-id", "the id holds a control character")
     amount = doc.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         amount = None  # recorded for reports only; a claim without one is still a claim
+    elif isinstance(amount, int) and not fits_int64(amount):
+        amount = None  # SQLite's INTEGER would refuse it at the commit (OverflowError)
+    elif isinstance(amount, float) and not math.isfinite(amount):
+        amount = None  # 1e999 parses as inf; NaN would be stored as NULL anyway
     claim_id = doc.get("claimId")
-    fields = {"order_no": None if claim_id is None else str(claim_id), "amount": amount}
-    return Outcome(Kind.SUCCESS, fields=fields)
+    order_no = None if claim_id is None else str(claim_id)
+    if order_no is not None and not is_utf8(order_no):
+        return Outcome(Kind.REJECTED, "encoding", "claimId holds a lone surrogate")
+    delivery.msg_id = msg_id
+    return Outcome(Kind.SUCCESS, fields={"order_no": order_no, "amount": amount})
+
+
+# C0 controls and DEL: not allowed in an HTTP header value (aiohttp refuses CR/LF).
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_claim_url(url: str) -> str:

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
 from onceq.amqp.transport import COPY_HEADER
 from onceq.amqp.url import boundary, close_quietly, connect
-from onceq.errors import BadMessage, Unroutable
+from onceq.errors import BadMessage, NotFound, Unroutable
+from onceq.ledger_values import is_utf8
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
 # fsyncs persistent messages, bounded so memory and the loss window stay small.
@@ -34,6 +36,8 @@ CONTENT_TYPE = "application/json"
 # channel-closing 406 half-way through a batch; checked from the file's size first,
 # so such a file publishes nothing and is never read into memory.
 MAX_BODY = 128 * 2**20
+# message_id is an AMQP shortstr: one length byte, so at most 255 bytes of UTF-8.
+MAX_MESSAGE_ID = 255
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ def load_claim(path: Path) -> Claim:
                 f"{path}: too large ({size} bytes; the broker accepts at most {MAX_BODY})"
             )
         body = path.read_bytes()
+    except FileNotFoundError:  # a missing file is exit 3 in every command, not a bad message
+        raise NotFound(f"{path}: no such file") from None
     except OSError as exc:
         raise BadMessage(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -66,6 +72,8 @@ def load_claim(path: Path) -> Claim:
         ) from None
     except RecursionError:
         raise BadMessage(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise BadMessage(f"{path}: not JSON ({str(exc).split(';')[0][:200]})") from None
     if not isinstance(doc, dict):
         raise BadMessage(f"{path}: not a JSON object (top level is {type(doc).__name__})")
     guid = doc.get("guid")
@@ -73,21 +81,44 @@ def load_claim(path: Path) -> Claim:
         guid = str(guid)
     if not isinstance(guid, str) or not guid.strip():
         raise BadMessage(f"{path}: no guid (a non-empty string is needed for message_id)")
+    problem = guid_problem(guid)
+    if problem:
+        raise BadMessage(f"{path}: guid {problem}")
     return Claim(path, body, guid)
+
+
+def guid_problem(guid: str) -> str:
+    """Why `guid` cannot be a message_id, or ''.
+
+    Found while sending, each of these was a traceback half-way through a batch
+    (UnicodeEncodeError, the shortstr encoder's error), with some claims already out.
+    A consumer would refuse the control characters too: the id becomes its
+    Idempotency-Key header, which cannot carry them.
+    """
+    if not is_utf8(guid):
+        return "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
+    size = len(guid.encode("utf-8"))
+    if size > MAX_MESSAGE_ID:
+        return f"is {size} bytes; an AMQP message_id holds at most {MAX_MESSAGE_ID}"
+    if CONTROL_CHARS.search(guid):
+        return "holds a control character (it becomes an HTTP header)"
+    return ""
 
 
 def load_claims(paths: list[Path]) -> list[Claim]:
     """Every file checked before any is published; all problems reported in one line."""
     claims: list[Claim] = []
-    problems: list[str] = []
+    problems: list[BadMessage | NotFound] = []
     for p in paths:
         try:
             claims.append(load_claim(p))
-        except BadMessage as exc:
-            problems.append(str(exc))
+        except (BadMessage, NotFound) as exc:
+            problems.append(exc)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise BadMessage(f"{'; '.join(problems[:3])}{more}; nothing was published")
+        text = "; ".join(map(str, problems[:3]))
+        # The first problem decides the exit code, as if the files were checked one by one.
+        raise type(problems[0])(f"{text}{more}; nothing was published")
     return claims
 
 

@@ -51,7 +51,17 @@ def queue_depths(vhost: str, node: str | None = None) -> dict[str, dict[str, int
         r["name"]: {"messages": int(r["messages"]), "unacked": int(r["messages_unacknowledged"])}
         for r in rows
     }
+    if not found and not vhost_exists(vhost, node):
+        # rabbitmqctl lists no queues for a vhost that does not exist, as for an empty
+        # one: without this check a typo in the URL would print "absent" and exit 0.
+        # Exit 7, as topology, publish and consume exit when the broker refuses a vhost.
+        raise BrokerUnavailable(f"vhost {vhost!r} does not exist on the broker")
     return {q: found.get(q) for q in (QUEUE, DEAD_QUEUE)}
+
+
+def vhost_exists(vhost: str, node: str | None = None) -> bool:
+    out = rabbitmqctl("list_vhosts", "name", "--formatter", "json", node=node)
+    return any(r.get("name") == vhost for r in json.loads(out or "[]"))
 
 
 def memory_watermark(node: str | None = None) -> dict[str, Any]:

@@ -110,6 +110,11 @@ class AmqpTransport:
         import aio_pika
         from aio_pika.connection import make_url
 
+        from onceq.amqp.wire import tolerate_non_utf8_shortstr
+
+        # A message_id that is not UTF-8 would otherwise drop the connection on every
+        # redelivery of that one message (see onceq.amqp.wire).
+        tolerate_non_utf8_shortstr()
         # Built by hand rather than with connect_robust: when the first connect fails
         # or times out, connect_robust leaves its reconnect task running (it treats the
         # cancellation as one more failed attempt), and asyncio.run then waits for it

@@ -22,9 +22,8 @@ from onceq.errors import (
     OnceqError,
     Unroutable,
     UsageError,
-    redact_text,
-    redact_url,
 )
+from onceq.redact import redact_text, redact_url, remember
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 ENV_URL = "EAI_AMQP_URL"
@@ -47,18 +46,32 @@ def check_url(url: str, label: str, schemes: tuple[str, ...], port_role: str) ->
     is refused up front: every connection would fail (for a claim system, that would
     dead-letter the whole queue).
     """
+    # Before anything can echo it: from here on the password is masked in any text,
+    # in whatever shape a library quotes it.
+    remember(url)
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port that is not a number in 0-65535
     except ValueError as exc:
-        # redact_text, not redact_url: the latter parses the URL again.
-        raise UsageError(f"{label}{redact_text(url)}: not a valid URL ({exc})") from None
+        raise UsageError(f"{label}{redact_url(url)}: not a valid URL ({_why(exc)})") from None
     if parts.scheme not in schemes or not parts.hostname:
         wanted = " or ".join(f"{s}://" for s in schemes)
         raise UsageError(f"{label}{redact_url(url)}: not an {wanted} URL")
     if port == 0:
         raise UsageError(f"{label}{redact_url(url)}: port 0 is not {port_role}")
     return url
+
+
+def _why(exc: ValueError) -> str:
+    """urlsplit's reason, in words that never quote the URL.
+
+    "Port could not be cast to integer value as 's3'" quotes what stood where the
+    port should be, which in a mistyped URL is a piece of the password (`u:s3/x@h`).
+    """
+    text = str(exc)
+    if "could not be cast" in text:
+        return "the port is not a number"
+    return redact_text(text)
 
 
 def vhost_of(url: str) -> str:

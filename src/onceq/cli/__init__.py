@@ -13,9 +13,14 @@ import click
 from onceq.errors import OnceqError, redact_text
 
 EPILOG = (
-    "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found,"
-    " 4 conflict, 5 bad message, 6 unroutable, 7 broker unavailable, 8 ledger error,"
-    " 9 queue folder not writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM)."
+    "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found"
+    " (a missing queue folder, file or ledger), 4 conflict, 5 bad message, 6 unroutable,"
+    " 7 broker unavailable (or no such vhost), 8 ledger error, 9 queue folder not"
+    " writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM). `dirq lag` keeps a"
+    " monitor's contract: 0 within, 1 over, 2 for any bad argument (a missing folder too)."
+    " Signals: a consumer that runs until it is stopped (mq consume) exits 0 after"
+    " SIGTERM, SIGINT or --max-seconds; a batch that is to finish a queue (dirq consume)"
+    " exits 130/143 when a signal stops it, so a script knows it did not finish."
 )
 
 
@@ -33,17 +38,29 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, mq
+    from onceq.cli import demo, dirq, lab, mq, sample
 
     app.add_command(demo.demo)
     app.add_command(dirq.dirq)
     app.add_command(mq.mq)
     app.add_command(mq.partner)
     app.add_command(lab.lab)
+    app.add_command(sample.sample)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and turn our errors into one line and an exit code."""
+    """Entry point: run the CLI and turn our errors into one line and an exit code.
+
+    Everything the command writes to stdout/stderr (rich, click, logging, a traceback)
+    passes through the URL-password masking: the last line of defence.
+    """
+    from onceq.redact import guarded_stdio
+
+    with guarded_stdio():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     _register()
     try:
         code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
@@ -53,10 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.UsageError as exc:
         # One line, like every other refusal: the command, the problem, where to look.
         where = exc.ctx.command_path if exc.ctx is not None else "onceq"
-        sys.stderr.write(f"onceq: {where}: {exc.format_message()} (see --help)\n")
+        message = redact_text(exc.format_message())  # click may quote a URL argument
+        sys.stderr.write(f"onceq: {where}: {message} (see --help)\n")
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        sys.stderr.write(f"onceq: {exc.format_message()}\n")
+        sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
         sys.stderr.write(f"onceq: {redact_text(str(exc))}\n")

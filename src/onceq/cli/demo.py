@@ -68,8 +68,10 @@ def demo(root: Path, as_json: bool) -> None:
         emit_json(result)
         return
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"onceq demo — {queued} messages through {root}/", show_header=True)
+    # Text, not markup: a folder name with brackets is printed as it is.
+    t = Table(title=Text(f"onceq demo — {queued} messages through {root}/"), show_header=True)
     t.add_column("what")
     t.add_column("result", justify="right")
     for k, v in counts.items():
@@ -80,4 +82,5 @@ def demo(root: Path, as_json: bool) -> None:
         t.add_row(f"quarantined: {reason}", str(n))
     t.add_row("order check", result["order_check"])
     console().print(t)
-    console().print(f"Reports: {dup_path}, {err_path}. Ledger: {queue.default_db}")
+    # markup=False: a path is printed as it is, brackets and all.
+    console().print(f"Reports: {dup_path}, {err_path}. Ledger: {queue.default_db}", markup=False)

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onceq.cli.output import console, emit_json
+from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
     from onceq.dirq.message import MessageSpec
 
-QDIR = click.Path(path_type=Path, file_okay=False)
-DB_HELP = "Ledger database (default: QDIR/ledger.db)."
+# A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
+# the same in every command (click's own file_okay check would make a file exit 2).
+QDIR = click.Path(path_type=Path)
+NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
+DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
 
 
 @click.group()
@@ -31,7 +34,7 @@ def dirq() -> None:
 
 
 @dirq.command()
-@click.argument("qdir", type=QDIR)
+@click.argument("qdir", type=NEW_QDIR)
 @click.option(
     "--from", "source", type=click.Path(path_type=Path), help="Copy DIR/*.json into inbox/."
 )
@@ -94,9 +97,12 @@ def consume(
     after the commit; bad files go to error/ with a reason. Files a killed
     consumer left in processing/ are recovered first.
 
-    Ctrl-C or SIGTERM stops cleanly: nothing more is claimed, what is held is
-    committed and moved, the rest stays in inbox/; exit 130 (SIGINT) or 143
+    Signals: this is a batch that is to empty the inbox, so a run that a signal
+    stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
+    stops cleanly (nothing more is claimed, what is held is committed and moved,
+    the rest stays in inbox/), prints the summary, and exits 130 (SIGINT) or 143
     (SIGTERM). A second signal stops at once (the next run recovers the claims).
+    On a terminal a status line on stderr shows the progress; piped, nothing.
 
     \b
     Example:
@@ -110,9 +116,11 @@ def consume(
     spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
-    Ledger(db or queue.default_db).close()
+    with Ledger(db or queue.default_db) as ledger:
+        if ledger.created:
+            note_new_ledger(ledger.path)
     try:
-        stats = _run_consume(qdir, db, spec, workers, progress=not as_json)
+        stats = _run_consume(qdir, db, spec, workers)
     except Interrupted as exc:
         # A clean stop: what it did is printed like a finished run's, then the one
         # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
@@ -121,41 +129,21 @@ def consume(
     _print_summary(qdir, stats, as_json)
 
 
-def _run_consume(
-    qdir: Path, db: Path | None, spec: MessageSpec, workers: int, progress: bool
-) -> Stats:
-    from onceq.dirq.run import consume, consume_parallel
+def _run_consume(qdir: Path, db: Path | None, spec: MessageSpec, workers: int) -> Stats:
+    from onceq.cli.progress import live_progress
+    from onceq.dirq.run import DEAD_WORD, consume, consume_parallel
 
-    if workers > 1:
+    if workers > 1:  # the work is in child processes; they report only at their end
         return consume_parallel(qdir, db, spec, workers)
-    if not progress:
-        return consume(qdir, db, spec)
-    from rich.progress import Progress, SpinnerColumn, TextColumn
-
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), console=console(), transient=True
-    ) as bar:
-        task = bar.add_task("consuming", total=None)
-        seen = 0
-
-        def tick(group: object) -> None:
-            nonlocal seen
-            seen += len(group)  # type: ignore[arg-type]
-            bar.update(task, description=f"consumed {seen}")
-
-        return consume(qdir, db, spec, on_settled=tick)
+    with live_progress(str(qdir), DEAD_WORD) as on_settled:
+        return consume(qdir, db, spec, on_settled=on_settled)
 
 
 def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:
     if as_json:
         emit_json({**stats.as_dict(), **({"stopped_by": stopped_by} if stopped_by else {})})
         return
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.reasons.items())) or "none"
-    console().print(
-        f"{qdir}: {stats.received} received, {stats.processed} processed, "
-        f"{stats.duplicates} duplicate(s), {stats.recovered} recovered, "
-        f"{stats.dead} quarantined ({reasons})"
-    )
+    print_run_summary(stats, head=f"{qdir}: ")
 
 
 def _write_output(path: Path, text: str) -> Path:
@@ -277,8 +265,9 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
 
     Counts message files only (not dotfiles or *.tmp partial writes), including
     the files claimed in every processing/w-*/ worker folder. Exit 0 when the
-    inbox holds THRESHOLD files or fewer, 1 when more, 2 for a bad argument
-    (no such queue folder, THRESHOLD not a non-negative integer).
+    inbox holds THRESHOLD files or fewer, 1 when more, 2 for any bad argument:
+    no such queue folder (3 in the other commands; a monitor reads only 0, 1
+    and 2 here), or THRESHOLD not a non-negative integer.
 
     \b
     Example:
@@ -330,6 +319,8 @@ def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
     def record(name: str) -> None:
         # Opened only once every check has passed: a refusal never creates the ledger.
         with Ledger(db or queue.default_db) as ledger:
+            if ledger.created:
+                note_new_ledger(ledger.path)
             ledger.record_replay(name)
 
     dst = queue.replay(file, record)
@@ -367,4 +358,5 @@ def report(qdir: Path, db: Path | None, as_json: bool) -> None:
     if as_json:
         emit_json({"dup": str(dup), "error": str(err), "duplicates": dups, "errors": rows})
     else:
-        click.echo(f"{dup}: {len(dups)} duplicate id(s); {err}: {rows} file(s) in error/")
+        # The JSON's words: "duplicates" (ids in dup.txt), "errors" (rows in error.csv).
+        click.echo(f"{dup}: {len(dups)} duplicates; {err}: {rows} errors (files in error/)")

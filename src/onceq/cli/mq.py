@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.output import console, emit_json, fail
+from onceq.cli.output import console, emit_json, fail, note_new_ledger, print_run_summary
 
 JSON_HELP = "Print the outcome as JSON."
 # asyncio is imported inside the commands: every `onceq` command loads this module to
@@ -77,7 +77,8 @@ def topology(as_json: bool) -> None:
     created = [k for k, v in result.items() if v == "created"]
     console().print(
         f"topology ready in vhost {vhost_of(url)!r}: {len(result)} objects,"
-        f" {len(created)} created{': ' + ', '.join(created) if created else ''}"
+        f" {len(created)} created{': ' + ', '.join(created) if created else ''}",
+        markup=False,  # a vhost name is printed as it is, brackets and all
     )
 
 
@@ -134,7 +135,7 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
 @click.option(
     "--db",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Ledger database (default: EAI_MQ_DB, else ./processed.db).",
+    help="Ledger database (default: EAI_MQ_DB, else ./processed.db); its folder must exist.",
 )
 @click.option(
     "--timeout",
@@ -163,12 +164,18 @@ def consume(
     201 → recorded, then acked. 422 → dead-lettered at once. 503, other
     statuses, connection errors and timeouts → requeued once, then
     dead-lettered. A message_id already in the ledger is acked without a call.
-    SIGTERM/SIGINT or --max-seconds finish the in-flight claims and exit 0.
+
+    Signals: this consumer runs until it is stopped, so a stop is its normal end:
+    SIGTERM, SIGINT or --max-seconds take nothing more, finish the in-flight
+    claims, print the summary and exit 0. A second signal stops at once (exit 130;
+    the in-flight claims return to claim.in). On a terminal a status line on
+    stderr shows the progress; piped, nothing.
 
     --until-empty makes it a batch: it stops once claim.in has nothing ready and
-    every delivery it took is settled (retries included), and exits 0. A batch
-    stopped before that exits 130 (SIGINT) / 143 (SIGTERM), or 1 when
-    --max-seconds ran out first, so that a script knows it did not finish.
+    every delivery it took is settled (retries included), and exits 0. Like
+    every batch that is to finish a queue (dirq consume), it exits 130 (SIGINT) /
+    143 (SIGTERM) when a signal stops it first, and 1 when --max-seconds runs out
+    first, so that a script knows it did not finish.
 
     \b
     Example:
@@ -179,6 +186,7 @@ def consume(
     from onceq.amqp.consume import ConsumeOptions, default_db
     from onceq.amqp.consume import consume as run_consume
     from onceq.amqp.handler import check_claim_url
+    from onceq.cli.progress import live_progress
 
     url = _url()
     check_claim_url(claim_url)
@@ -190,7 +198,8 @@ def consume(
         timeout=timeout,
         until_empty=until_empty,
     )
-    result = run_consume(url, opts)
+    with live_progress("claim.in", "dead") as on_settled:
+        result = run_consume(url, opts, on_settled=on_settled, on_new_ledger=note_new_ledger)
     if as_json:
         emit_json(result.as_dict())
     else:
@@ -217,15 +226,11 @@ def _unfinished_batch(signum: int | None, max_seconds: float | None) -> None:
 
 
 def _print_consume(result: Any, db: Path) -> None:
-    s = result.stats
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())) or "none"
-    console().print(
-        f"{s.received} received, {s.processed} processed, {s.duplicates} duplicate(s),"
-        f" {s.requeued} requeued, {s.dead} dead (reasons: {reasons})"
-        + (f", {result.unsettled} left to redelivery" if result.unsettled else "")
-        + ("; claim.in drained" if result.drained else "")
-        + f"; ledger {db}"
-    )
+    # "N unsettled", the JSON's key: deliveries a stop left unacked, back in claim.in.
+    tail = f", {result.unsettled} unsettled (back to claim.in)" if result.unsettled else ""
+    if result.drained:
+        tail += "; claim.in drained"
+    print_run_summary(result.stats, tail=f"{tail}; ledger {db}")
 
 
 @mq.command()
@@ -254,8 +259,9 @@ def status(node: str | None, as_json: bool) -> None:
 
 def _print_status(doc: dict[str, Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"vhost {doc['vhost']!r}")
+    table = Table(title=Text(f"vhost {doc['vhost']!r}"))  # a vhost name may hold brackets
     table.add_column("queue")
     table.add_column("messages", justify="right")
     table.add_column("unacked", justify="right")
@@ -265,14 +271,49 @@ def _print_status(doc: dict[str, Any]) -> None:
         else:
             table.add_row(name, str(q["messages"]), str(q["unacked"]))
     console().print(table)
-    mem = doc["memory"]
-    line = f"memory high watermark: {mem.get('setting')}"
-    if isinstance(mem.get("limit_bytes"), int):
-        line += f" = {mem['limit_bytes'] / 2**20:.0f} MiB"
-    if isinstance(mem.get("used_bytes"), int):
-        line += f" (used {mem['used_bytes'] / 2**20:.0f} MiB)"
-    line += f"; alarms: {', '.join(map(str, mem.get('alarms') or [])) or 'none'}"
-    console().print(line)
+    console().print(memory_line(doc["memory"]), markup=False)
+
+
+def _mib(n: int | float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _words(value: Any) -> str:
+    """A JSON value as plain words: never Python's repr of a dict or a list."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_words(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_words(v) for v in value)
+    return str(value)
+
+
+def memory_line(mem: dict[str, Any]) -> str:
+    """The memory alarm in words: 'absolute 512 MiB', 'relative 0.4 of RAM'.
+
+    rabbitmqctl gives the setting as {'absolute': bytes} or {'relative': fraction}
+    (a bare fraction on older brokers); printing that dict as Python is not text.
+    """
+    setting = mem.get("setting")
+    if isinstance(setting, int | float) and not isinstance(setting, bool):
+        setting = {"relative": setting}
+    kind, value = next(iter(setting.items())) if isinstance(setting, dict) and setting else ("", 0)
+    if kind == "absolute" and isinstance(value, int | float):
+        what = f"absolute {_mib(value)}"
+    elif kind == "relative":
+        what = f"relative {value} of RAM"
+    else:
+        what = "unknown" if setting is None else _words(setting)
+    figures = [
+        f"{label} {_mib(mem[key])}"
+        for label, key in (("limit", "limit_bytes"), ("used", "used_bytes"))
+        if isinstance(mem.get(key), int | float)
+    ]
+    alarms = _words(mem.get("alarms") or []) or "none"
+    return (
+        f"memory high watermark: {what}"
+        + (f" ({', '.join(figures)})" if figures else "")
+        + f"; alarms: {alarms}"
+    )
 
 
 @click.group()

@@ -7,11 +7,12 @@ Each failure has its own reason, recorded in the ledger and shown in error.csv:
 | unreadable    | may not be read by this user (replay it once its mode is fixed) |
 | too-large     | is larger than the size limit (not read)                        |
 | empty         | has no bytes, or only white space                               |
-| encoding      | is not valid UTF-8                                              |
+| encoding      | is not valid UTF-8, or a kept string holds a lone surrogate     |
 | parse         | is not JSON                                                     |
 | not-object    | is JSON, but not an object                                      |
 | missing-field | lacks a required field (the detail names it)                    |
 | bad-type      | has a field of the wrong type (seq not an integer, amount not a number …) |
+|               | or a number the ledger cannot hold (outside the 64-bit range)   |
 
 All of them are permanent: the same bytes fail the same way on every try, so the
 message is quarantined at once instead of blocking the queue (the poison loop).
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceq.consumer import Outcome
+from onceq.ledger_values import fits_int64, is_utf8
 from onceq.transport import Delivery, Kind
 
 DEFAULT_REQUIRED = ("msg_id", "order_no", "seq", "amount")
@@ -78,6 +80,24 @@ def _check_types(doc: dict[str, Any], spec: MessageSpec) -> str | None:
         return f"{spec.seq_field} must be an integer"
     if "amount" in doc and not _is_number(doc["amount"]):
         return "amount must be a finite number"
+    # Valid JSON, but more than SQLite's INTEGER holds: found here, it is this message's
+    # verdict; found at the commit, it would be an OverflowError for the whole group.
+    for name in (spec.seq_field, "amount"):
+        if _is_int(doc.get(name)) and not fits_int64(doc[name]):
+            return f"{name} is outside the 64-bit integer range"
+    return None
+
+
+def _check_text(doc: dict[str, Any], spec: MessageSpec) -> str | None:
+    """The first kept string that is not storable UTF-8 (a lone surrogate), or None.
+
+    "\\ud800" is a legal JSON escape that decodes to a str UTF-8 cannot encode; the
+    ledger would raise UnicodeEncodeError at the commit of the whole group.
+    """
+    for name in (spec.id_field, "order_no"):
+        value = doc.get(name)
+        if isinstance(value, str) and not is_utf8(value):
+            return f"{name} holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
     return None
 
 
@@ -97,6 +117,11 @@ def parse_document(body: bytes, spec: MessageSpec) -> dict[str, Any] | Outcome:
         return _reject("parse", f"line {exc.lineno} column {exc.colno}: {exc.msg}")
     except RecursionError:
         return _reject("parse", "nested too deeply")
+    except ValueError as exc:
+        # Not a JSONDecodeError, the same verdict: an integer of more than 4300 digits
+        # (Python's int conversion limit) raises a plain ValueError. Uncaught, it
+        # stopped the run and left the file in processing/ to stop the next run too.
+        return _reject("parse", str(exc).split(";")[0][:200])
     if not isinstance(doc, dict):
         return _reject("not-object", f"top level is {type(doc).__name__}")
     return doc
@@ -120,6 +145,9 @@ def decode(delivery: Delivery, spec: MessageSpec) -> Outcome:
     problem = _check_types(doc, spec)
     if problem:
         return _reject("bad-type", problem)
+    problem = _check_text(doc, spec)
+    if problem:
+        return _reject("encoding", problem)
     if spec.id_field not in doc:  # the key is needed even when a user drops it from required
         return _reject("missing-field", spec.id_field)
     delivery.msg_id = str(doc[spec.id_field])

@@ -63,6 +63,10 @@ def write_report(queue: DirQueue, ledger: Ledger) -> tuple[Path, Path]:
     """Write QDIR/dup.txt and QDIR/error.csv; returns their paths."""
     queue.check()
     dup = write_atomic(queue.root, DUP_FILE, dup_text(ledger).encode())
-    err = write_atomic(queue.root, ERROR_FILE, error_text(queue, ledger).encode())
+    # A file name that is not UTF-8 (its bytes come back from listdir as surrogates)
+    # is written escaped, as the ledger stores it, instead of failing the report.
+    err = write_atomic(
+        queue.root, ERROR_FILE, error_text(queue, ledger).encode("utf-8", "backslashreplace")
+    )
     fsync_dir(queue.root)  # the renames themselves survive a power cut
     return dup, err

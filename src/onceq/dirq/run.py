@@ -30,6 +30,9 @@ from onceq.ledger import Entry, Ledger
 # rarely, small enough that a crash re-runs little and memory stays flat.
 GROUP = 256
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# A directory queue's dead letters are files in error/: its summaries (JSON and human)
+# call them quarantined, the word its README and error/ folder use.
+DEAD_WORD = "quarantined"
 
 
 class Interrupted(OnceqError):
@@ -73,6 +76,7 @@ def consume(
             max_attempts=1,
             on_settled=on_settled,
         )
+        consumer.stats.dead_word = DEAD_WORD
         stats = asyncio.run(_run_stoppable(consumer, stopped_by))
     if stopped_by:
         raise Interrupted(root, stopped_by[0], stats)
@@ -209,13 +213,10 @@ def _collect(procs: list[Any], out: mp.Queue, stopped_by: list[int]) -> list[tup
 
 
 def _total(root: str | Path, results: list[tuple[Any, ...]], stopped_by: list[int]) -> Stats:
-    total = Stats()
+    total = Stats(dead_word=DEAD_WORD)
     for r in results:
         if r[0] in ("ok", "stopped"):
-            d = r[-1]
-            for k in ("received", "processed", "duplicates", "recovered", "requeued", "dead"):
-                setattr(total, k, getattr(total, k) + d[k])
-            total.reasons.update(d["reasons"])
+            total.merge(r[-1])
     bugs = [f"{r[1]}: {r[2]}" for r in results if r[0] == "bug"]
     if bugs:
         raise RuntimeError("; ".join(bugs))

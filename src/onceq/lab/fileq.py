@@ -85,7 +85,7 @@ def summary_line(qdir: Path, outcome: dict[str, Any]) -> str:
     run, folders = outcome["run"], outcome["folders"]
     return (
         f"{qdir}: {run['received']} received, {run['processed']} processed,"
-        f" {run['duplicates']} duplicate(s), {run['dead']} quarantined;"
+        f" {run['duplicates']} duplicates, {run['quarantined']} quarantined;"
         f" inbox {folders['inbox']}, done {folders['done']}, error {folders['error']};"
         f" {outcome['processed_rows']} ledger rows"
     )

@@ -1,0 +1,163 @@
+"""Every command example in README.md and docs/mq.md runs as written, in order.
+
+Each document's ```sh lines run one by one (rules: tests/docs/doc_examples.py) in a
+fresh folder, as a new user would type them after the Quick start: `onceq` and
+`python3` resolve to this venv (its bin/ first on PATH; `.venv/bin/` written in a
+doc means the same folder), against a RabbitMQ vhost of the test's own
+(EAI_AMQP_URL), with the claim stub on a free port in place of 9202 (the one port
+the docs name, which another program may hold). A line that ends with another exit
+code than the one its `# exit N` comment announces (0 without one) fails the test,
+naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from doc_examples import DOCS, SKIPPED_SECTIONS, Example, examples
+
+from support import free_port
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+VENV_BIN = Path(sys.executable).parent
+LINE_TIMEOUT_S = 120.0
+DOC_PORT = "9202"
+
+
+def _env(amqp_url: str) -> dict[str, str]:
+    assert (VENV_BIN / "onceq").is_file(), f"{VENV_BIN}: no onceq here; install the project"
+    env = {k: v for k, v in os.environ.items() if k not in ("EAI_MQ_DB", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
+    env["EAI_AMQP_URL"] = amqp_url
+    return env
+
+
+def _as_run(ex: Example, port: int) -> str:
+    cmd = re.sub(rf"\b{DOC_PORT}\b", str(port), ex.command)
+    return re.sub(r"(?<![\w/])\.venv/bin/", f"{VENV_BIN}/", cmd)
+
+
+def _report(ex: Example, cmd: str, why: str, out: str = "", err: str = "") -> str:
+    return (
+        f"{ex.where()}: `{ex.line}` {why}\n  ran: {cmd}\n"
+        f"  stdout: {out[-2000:]!r}\n  stderr: {err[-2000:]!r}"
+    )
+
+
+def _start_background(ex: Example, cmd: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start a `… &` line; return once it has printed its first line (it is ready)."""
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {cmd}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: stopped whole at the end
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], LINE_TIMEOUT_S)
+    first = proc.stdout.readline() if ready else ""
+    if not first:
+        _stop(proc)
+        err = proc.stderr.read() if proc.stderr else ""
+        pytest.fail(_report(ex, cmd, "(background) printed nothing and did not start", "", err))
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_examples(doc: str, cwd: Path, amqp_url: str) -> list[tuple[Example, str]]:
+    """Run a document's examples in order; fails at the first one that misbehaves."""
+    todo, _ = examples(doc)
+    env = _env(amqp_url)
+    port = free_port()
+    background: list[subprocess.Popen] = []
+    ran: list[tuple[Example, str]] = []
+    try:
+        for ex in todo:
+            cmd = _as_run(ex, port)
+            if ex.background:
+                background.append(_start_background(ex, cmd, cwd, env))
+                ran.append((ex, ""))
+                continue
+            started = time.monotonic()
+            try:
+                done = subprocess.run(
+                    # -e: in `a; b` a failing `a` is the line's failure, not hidden by `b`.
+                    ["bash", "-e", "-o", "pipefail", "-c", cmd],
+                    cwd=cwd,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=LINE_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail(_report(ex, cmd, f"did not end within {LINE_TIMEOUT_S:.0f}s"))
+            if done.returncode != ex.expect:
+                pytest.fail(
+                    _report(
+                        ex,
+                        cmd,
+                        f"exited {done.returncode}, the doc expects {ex.expect}"
+                        f" (after {time.monotonic() - started:.1f}s)",
+                        done.stdout,
+                        done.stderr,
+                    )
+                )
+            ran.append((ex, done.stdout))
+    finally:
+        for proc in background:
+            _stop(proc)
+    return ran
+
+
+def test_the_skipped_sections_are_the_declared_ones_and_still_exist() -> None:
+    """The one skip rule is visible and live: each skipped heading still has its block."""
+    for (doc, heading), why in SKIPPED_SECTIONS.items():
+        _, skipped = examples(doc)
+        assert [b.heading for b in skipped] == [heading], (doc, heading, why)
+        assert any(line.strip() for b in skipped for line in b.lines)
+    for doc in DOCS:
+        todo, _ = examples(doc)
+        assert todo, f"{doc}: no ```sh example found (did the fence language change?)"
+
+
+def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
+    ran = run_examples("README.md", tmp_path, amqp_url)
+    out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
+    # What the prose around the examples promises, checked on the state they leave.
+    q = tmp_path / "q"
+    assert sorted(p.name for p in (q / "error").iterdir()) == ["msg-009.json", "msg-015.json"]
+    assert len(list((q / "done").iterdir())) == 18
+    assert (q / "order-result.txt").read_text().strip() == "OK"
+    assert "inbox=0 processing=0 error=2" in out["onceq dirq lag ./q 10"]
+    assert (tmp_path / "processed.db").exists()
+    assert (tmp_path / "lab" / "q" / "order-result.txt").exists()
+
+
+def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
+    ran = run_examples("docs/mq.md", tmp_path, amqp_url)
+    consumed = next(s for ex, s in ran if ex.command.startswith("onceq mq consume"))
+    stats = json.loads(consumed)
+    stats = stats.get("stats", stats)
+    # The page's claim: 6 processed, 1 duplicate, the no-docs and the BUSY claim dead.
+    assert (stats["processed"], stats["duplicates"], stats["dead"]) == (6, 1, 2), stats

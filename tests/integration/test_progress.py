@@ -1,0 +1,112 @@
+"""Live progress of a consume run: a status line on a terminal, nothing when piped.
+
+The runs are real processes. "A terminal" is a pseudo-terminal from python's pty
+module (stdout and stderr both on it, as in an interactive shell); "piped" is the
+same command with both streams captured.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mq_support import CLAIMS, partner, publish, topology
+from support import SAMPLE, run_cli
+
+CLEAR = "\r\x1b[2K"
+
+
+def run_in_pty(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> tuple[int, str]:
+    """Run `python -m onceq ARGS` with a pseudo-terminal as stdout and stderr."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceq", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "200", **(env or {})},
+        close_fds=True,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while True:  # read until the child's end closes the terminal (EIO on Linux)
+        assert time.monotonic() < deadline, b"".join(chunks)
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
+
+
+def _queue(tmp_path: Path) -> Path:
+    q = tmp_path / "q"
+    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
+    return q
+
+
+def test_dirq_consume_on_a_terminal_shows_progress_and_erases_it(tmp_path: Path) -> None:
+    q = _queue(tmp_path)
+    code, out = run_in_pty("dirq", "consume", str(q))
+    assert code == 0, out
+    # The status line: its final counts are drawn once before it is erased, so this
+    # holds however fast the run was.
+    final = f"{q}: 20 settled: 15 processed, 3 duplicates, 0 requeued, 2 quarantined"
+    assert final in out, out
+    assert re.search(r"\d+ msg/s", out), out
+    assert out.count(CLEAR) >= 2  # drawn, and erased before the summary
+    # The summary follows the erased line, whole.
+    summary = out.rsplit(CLEAR, 1)[1]
+    assert f"{q}: 20 received, 15 processed" in summary, out
+    assert "settled" not in summary
+
+
+def test_dirq_consume_piped_shows_no_progress(tmp_path: Path) -> None:
+    q = _queue(tmp_path)
+    r = run_cli("dirq", "consume", str(q))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "settled" not in r.stdout and "\x1b" not in r.stdout and "\r" not in r.stdout
+    assert r.stdout.splitlines() == [
+        f"{q}: 20 received, 15 processed, 3 duplicates, 0 recovered,"
+        " 2 quarantined (missing-field 1, parse 1)"
+    ]
+
+
+@pytest.mark.broker
+def test_mq_consume_on_a_terminal_refreshes_progress_piped_shows_none(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    topology(amqp_url)
+    claims = sorted(CLAIMS.glob("*.json"))
+    env = {"EAI_AMQP_URL": amqp_url}
+    with partner() as p:
+        publish(amqp_url, *claims)
+        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3")
+        code, out = run_in_pty(*args, "--db", str(tmp_path / "a.db"), env=env)
+        assert code == 0, out
+        # The sample settles 10 deliveries (the BUSY claim twice); the line is redrawn
+        # every 0.25 s for the 3 s the run lasts, whether or not anything settles.
+        assert "claim.in: 10 settled: 6 processed, 1 duplicates, 1 requeued, 2 dead" in out
+        assert out.count(CLEAR) >= 5, out
+        assert "6 processed" in out.rsplit(CLEAR, 1)[1]
+
+        publish(amqp_url, *claims)
+        r = run_cli(*args, "--db", str(tmp_path / "b.db"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "settled" not in r.stdout + r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "\r" not in r.stdout + r.stderr
+    assert r.stdout.startswith("10 received, 6 processed, 1 duplicates"), r.stdout
