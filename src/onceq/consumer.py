@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceq import faults
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
 from onceq.transport import Delivery, Kind, Settle, Transport, decide
@@ -138,6 +139,15 @@ class Consumer:
     `max_in_flight` bounds deliveries being handled at once (for a broker, the
     prefetch: the broker bounds it too); `max_group` bounds one commit.
     `on_settled` is called with each settled group (progress display).
+
+    Two ways to end, deliberately different:
+    - the transport runs out (an empty directory queue, a drained broker queue, a
+      transport stopped directly with `transport.stop()`): every delivery already
+      received is handled, recorded and settled before `run` returns;
+    - `Consumer.stop()` (a signal, a deadline, a failure): no new handler call
+      starts; calls under way finish and are settled; copies received but not yet
+      called are left unsettled (a broker returns them when the channel closes, a
+      directory queue's next run recovers them) and the ledger decides next time.
     """
 
     def __init__(
@@ -164,13 +174,15 @@ class Consumer:
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Event] = {}
         self._failure: BaseException | None = None
-        self._receiving = False  # True while deliveries() is being iterated
+        # Set by stop() only. The end of deliveries() is NOT a stop: a directory queue's
+        # iteration ends as soon as its inbox is empty, before the handler tasks of the
+        # last files have even started, and those must still be handled and settled.
+        self._stopped = False
 
     async def run(self) -> Stats:
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
         tasks: set[asyncio.Task[None]] = set()
-        self._receiving = True
         try:
             async for delivery in self.transport.deliveries():
                 if not await self._acquire_slot(committer):
@@ -192,7 +204,6 @@ class Consumer:
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
                 t.add_done_callback(self._stop_on_error)
-            self._receiving = False
             # Wait for the handlers, but wake at once if the committer dies (ledger error).
             while tasks:
                 done, _ = await asyncio.wait(
@@ -210,6 +221,15 @@ class Consumer:
                 t.cancel()
         return self.stats
 
+    def stop(self) -> None:
+        """A real stop (signal, deadline): take nothing more, start no new handler call.
+
+        Calls under way finish and are recorded and settled; see the class docstring.
+        Safe to call more than once and from a signal handler on the loop.
+        """
+        self._stopped = True
+        self.transport.stop()
+
     def _stop_on_error(self, task: asyncio.Task[None]) -> None:
         """A failed handler task or committer ends the receiving at once.
 
@@ -219,7 +239,7 @@ class Consumer:
         if not task.cancelled() and task.exception() is not None:
             if self._failure is None:
                 self._failure = task.exception()
-            self.transport.stop()
+            self.stop()
 
     async def _acquire_slot(self, committer: asyncio.Task[None]) -> bool:
         """Take a free slot (True), or give up when the committer has ended (False).
@@ -246,11 +266,11 @@ class Consumer:
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 guard = await self._take_turn(d.msg_id)
-                if not self._receiving:
-                    # The transport stopped while this copy waited behind its twin (or
-                    # before it began): start no new call after a stop. It is left
-                    # unsettled, and a broker returns it to the queue when the channel
-                    # closes; the ledger decides next time.
+                if self._stopped:
+                    # Stopped while this copy waited behind its twin (or before it
+                    # began): start no new call after a stop. It is left unsettled: a
+                    # broker returns it to the queue when the channel closes, a
+                    # directory queue's next run recovers it; the ledger decides then.
                     return
                 outcome = await self._effect(d, decoded)
             else:
@@ -326,8 +346,10 @@ class Consumer:
                     break
                 jobs.append(item)
             group = [e for e, _ in jobs]
+            faults.hit("before-commit")
             # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
             await asyncio.to_thread(self.ledger.commit, group)
+            faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.
             await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
             for e, done in jobs:

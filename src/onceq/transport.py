@@ -46,7 +46,10 @@ class Transport(Protocol):
     """What the consume loop needs from a queue.
 
     `deliveries` yields claimed copies until the transport has none left
-    (directory queue) or until `stop()` is called (broker). `settle` receives
+    (directory queue, a drained broker queue) or until `stop()` is called. A
+    transport's `stop()` only ends the deliveries: the loop still handles and settles
+    every copy it received. A real stop (signal, deadline) is `Consumer.stop()`,
+    which also starts no new handler call. `settle` receives
     a group of (delivery, decision, reason) only after the ledger commit that
     records them; the transport may make the group durable once (one fsync of
     the folders, one multiple-ack) instead of once per message.

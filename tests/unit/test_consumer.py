@@ -210,8 +210,9 @@ def test_a_failed_commit_stops_the_run_and_settles_nothing(tmp_path: Path) -> No
 
 
 def test_no_new_call_starts_after_a_stop(tmp_path: Path) -> None:
-    """A copy waiting behind its in-flight twin when the transport stops is not called:
-    it stays unsettled (a broker returns it when the channel closes)."""
+    """A copy waiting behind its in-flight twin when the consumer is stopped (a signal,
+    a deadline) is not called: it stays unsettled (a broker returns it when the
+    channel closes)."""
     t = MemoryTransport()
     t.publish(msg("twin", "busy"), ref="first")
     t.publish(msg("twin", "busy"), ref="second")
@@ -223,7 +224,7 @@ def test_no_new_call_starts_after_a_stop(tmp_path: Path) -> None:
             run = asyncio.create_task(consumer.run())
             while partner.active == 0:  # the first copy's call is under way
                 await asyncio.sleep(0.01)
-            t.stop()
+            consumer.stop()
             await run
 
     asyncio.run(go())

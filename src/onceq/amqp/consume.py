@@ -2,6 +2,9 @@
 
     onceq mq consume --claim URL  →  consume(url, ConsumeOptions(...))  →  Stats
 
+With `until_empty` (a batch job) the run also ends by itself once claim.in is
+drained and nothing is in flight (how that is known: onceq.amqp.transport).
+
 The run stops taking deliveries at the deadline (--max-seconds) or on SIGTERM /
 SIGINT, lets the deliveries in flight finish (each bounded by the HTTP timeout,
 the whole by `grace`), records and settles them, then closes. Whatever is left
@@ -48,6 +51,7 @@ class ConsumeOptions:
     prefetch: int = DEFAULT_PREFETCH
     max_seconds: float | None = None
     timeout: float = DEFAULT_TIMEOUT
+    until_empty: bool = False
 
     @property
     def grace(self) -> float:
@@ -61,14 +65,19 @@ class ConsumeResult:
     unsettled: int
     db: Path
     aborted: bool = False  # a second signal cut the grace short
+    signal: int | None = None  # the first stop signal, if one came
+    drained: bool | None = None  # until_empty: the queue was drained (None otherwise)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             **self.stats.as_dict(),
             "unsettled": self.unsettled,
             "db": str(self.db),
             "aborted": self.aborted,
         }
+        if self.drained is not None:
+            out["drained"] = self.drained
+        return out
 
 
 def consume(
@@ -95,7 +104,7 @@ async def _consume(
     from onceq.amqp.transport import AmqpTransport
 
     handler = ClaimHandler(opts.claim_url, concurrency=opts.prefetch, timeout=opts.timeout)
-    transport = AmqpTransport(url, prefetch=opts.prefetch)
+    transport = AmqpTransport(url, prefetch=opts.prefetch, until_empty=opts.until_empty)
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
     ledger: Ledger | None = None
@@ -108,22 +117,6 @@ async def _consume(
         if ledger.created and on_new_ledger is not None:
             on_new_ledger(opts.db)
         await transport.start()
-        abort = asyncio.Event()
-
-        def on_signal() -> None:
-            # The first signal stops cleanly (in-flight claims finish, bounded by the
-            # grace). A second one is an operator who will not wait: stop at once.
-            # Nothing is lost: unsettled deliveries return to claim.in when the channel
-            # closes, and the ledger skips the ones whose record was already durable.
-            if transport.stopped.is_set():
-                abort.set()
-            transport.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-            handled.append(sig)
-        if opts.max_seconds is not None:
-            loop.call_later(opts.max_seconds, transport.stop)
         consumer = Consumer(
             transport,
             ledger,
@@ -136,6 +129,26 @@ async def _consume(
             max_attempts=MAX_ATTEMPTS,
             on_settled=on_settled,
         )
+        abort = asyncio.Event()
+        stopped_by: list[int] = []
+
+        def on_signal(signum: int) -> None:
+            # The first signal stops cleanly (in-flight claims finish, bounded by the
+            # grace). A second one is an operator who will not wait: stop at once.
+            # Nothing is lost: unsettled deliveries return to claim.in when the channel
+            # closes, and the ledger skips the ones whose record was already durable.
+            if transport.stopped.is_set():
+                abort.set()
+            stopped_by.append(signum)
+            # consumer.stop, not transport.stop: a real stop also means no new claim
+            # call starts for deliveries received but not yet called.
+            consumer.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+            handled.append(sig)
+        if opts.max_seconds is not None:
+            loop.call_later(opts.max_seconds, consumer.stop)
         run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
         stop_wait = asyncio.create_task(transport.stopped.wait())
         await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
@@ -155,11 +168,9 @@ async def _consume(
                     )
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
-                return ConsumeResult(
-                    consumer.stats, transport.unsettled, opts.db, aborted=abort.is_set()
-                )
+                return _result(consumer.stats, transport, opts, stopped_by, abort.is_set())
         stats = run.result()  # raises the ledger's error, if it failed
-        return ConsumeResult(stats, transport.unsettled, opts.db)
+        return _result(stats, transport, opts, stopped_by, False)
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
@@ -167,3 +178,18 @@ async def _consume(
         await handler.aclose()
         if ledger is not None:
             ledger.close()
+
+
+def _result(
+    stats: Stats, transport: Any, opts: ConsumeOptions, stopped_by: list[int], aborted: bool
+) -> ConsumeResult:
+    return ConsumeResult(
+        stats,
+        transport.unsettled,
+        opts.db,
+        aborted=aborted,
+        signal=stopped_by[0] if stopped_by else None,
+        # Drained only if the transport saw the queue empty: a stop (signal, deadline)
+        # that came first leaves the batch unfinished, whatever it had settled.
+        drained=transport.drained if opts.until_empty else None,
+    )

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
+from onceq.amqp.transport import COPY_HEADER
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import BadMessage, NotFound, Unroutable
 from onceq.ledger_values import is_utf8
@@ -159,6 +161,8 @@ async def publish(url: str, claims: list[Claim], *, window: int = WINDOW) -> Pub
                     delivery_mode=2,  # persistent: a durable queue alone loses it on restart
                     message_id=claim.guid,
                     content_type=CONTENT_TYPE,
+                    # Names this copy across redeliveries (see transport.COPY_HEADER).
+                    headers={COPY_HEADER: secrets.token_hex(16)},
                 )
                 confirm = await channel.basic_publish(
                     claim.body,

@@ -17,6 +17,26 @@ Reliability choices, each for a reason:
 - stop() cancels the consumer first (no new deliveries), then the loop drains what
   it already holds; deliveries still buffered but never handed out return to the
   queue when the channel closes.
+- A delivery is handed out only if it carries our current consumer tag (chosen by
+  us before basic.consume, kept by aio-pika across reconnects): one that reaches us
+  for a cancelled consumer stays unacked on the channel and is returned, never
+  handled half-way.
+
+`until_empty` (a batch job: `onceq mq consume --until-empty`) ends the deliveries
+once the queue is drained: nothing ready in claim.in and nothing held by this
+consumer. A passive queue.declare alone cannot say so: its count is the *ready*
+messages only, and a message in flight to us (for instance one that this run has
+just requeued for its retry, which the broker hands straight back) is neither ready
+nor received yet. So, when this consumer holds nothing and the queue shows nothing
+ready, it cancels its consumer (after cancel-ok the broker sends it nothing more),
+asks the broker to requeue whatever is still unacked on the channel (basic.recover
+requeue=true: exactly the deliveries that arrived after the cancel was decided and
+were not handed out), and declares again: 0 ready now means drained, by
+construction (every method on a channel is processed in order, so each ack and
+requeue of ours counts before the declare). Otherwise it consumes again under a new
+tag. An idle timeout alone would guess: a slow broker, an outage or a publisher
+that pauses would end the batch early or late. Messages unacked by *other*
+consumers are theirs, and not waited for.
 """
 
 from __future__ import annotations
@@ -28,6 +48,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from onceq import faults
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.errors import redact_url
@@ -38,19 +59,40 @@ log = logging.getLogger(__name__)
 # Seconds between reconnect attempts: short, because every second without a
 # connection is a second of claims not moving (aio-pika's default is 5).
 RECONNECT_INTERVAL = 1.0
+# --until-empty: seconds without a delivery, while holding nothing, before the queue
+# is asked whether it is drained. Only latency depends on it, never the answer.
+IDLE_PROBE_S = 0.2
+# A header `onceq mq publish` gives each published copy: a random id of that copy.
+# A delivery tag names a copy only on one channel; this names it across crashes, so
+# a redelivery of a copy whose record a killed run committed (and never acked) is
+# recognised as *recovered*, not counted as a re-sent duplicate. Copies from other
+# publishers lack it: such a redelivery is still acked without a call, and counted
+# as a duplicate.
+COPY_HEADER = "x-onceq-copy"
 _END = object()
 
 
 class AmqpTransport:
     """Deliveries from one queue through one robust channel with prefetch `prefetch`."""
 
-    def __init__(self, url: str, *, prefetch: int = 5, queue: str = QUEUE) -> None:
+    def __init__(
+        self, url: str, *, prefetch: int = 5, queue: str = QUEUE, until_empty: bool = False
+    ) -> None:
         self.url = url
         self.queue_name = queue
         self.prefetch = prefetch
+        self.until_empty = until_empty
+        self.drained = False  # until_empty: the deliveries ended because the queue is empty
+        # until_empty: drain checks that found, after the recover, a message that had
+        # looked gone (in flight to us): the case a ready count alone gets wrong.
+        self.drain_races = 0
         self.unsettled = 0  # settles that failed on a dead channel (the broker redelivers)
         self.stopped = asyncio.Event()
         self._buffer: asyncio.Queue[Any] = asyncio.Queue()
+        self._held = 0  # received (buffered or handed out) and not yet settled
+        self._changed = asyncio.Event()  # a delivery, a settle or a stop
+        self._tags = itertools.count(1)
+        self._consuming = False
         self._seq = itertools.count(1)
         self._connection: Any = None
         self._channel: Any = None
@@ -105,10 +147,18 @@ class AmqpTransport:
         """Start consuming with manual acks (after `open`)."""
         try:
             with boundary(self.url, f"queue {self.queue_name}"):
-                self._tag = await self._queue.consume(self._on_message, no_ack=False)
+                await self._consume()
         except BaseException:
             await close_quietly(self._connection)
             raise
+
+    async def _consume(self) -> None:
+        # Our own tag, set before basic.consume: the first deliveries may reach
+        # _on_message before consume() returns, and must be recognised as ours.
+        tag = f"onceq-{os.getpid()}-{next(self._tags)}"
+        self._tag = tag
+        await self._queue.consume(self._on_message, no_ack=False, consumer_tag=tag)
+        self._consuming = True
 
     def _on_connection_lost(self, _connection: Any, exc: BaseException | None = None) -> None:
         if self.stopped.is_set() or exc is None or isinstance(exc, asyncio.CancelledError):
@@ -133,31 +183,87 @@ class AmqpTransport:
         return c is not None and not c.is_closed and c.connected.is_set()
 
     async def _on_message(self, message: Any) -> None:
-        if self.stopped.is_set():
-            return  # not handed out: it goes back to the queue when the channel closes
-        ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
+        if self.stopped.is_set() or message.consumer_tag != self._tag:
+            # Not handed out: it stays unacked on the channel and goes back to the
+            # queue when the channel closes (or at the drain check's basic.recover).
+            return
+        copy = (message.headers or {}).get(COPY_HEADER)
+        stable = isinstance(copy, str) and 0 < len(copy) <= 64
+        if stable:
+            ref = f"{self.queue_name}/{copy}"
+        else:
+            ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
         headers = {"message_id": message.message_id, "delivery_tag": message.delivery_tag}
         self._buffer.put_nowait(
             Delivery(
                 body=message.body,
                 ref=ref,
                 redelivered=bool(message.redelivered),
+                stable_ref=stable,
                 token=message,
                 headers=headers,
             )
         )
+        self._held += 1
+        self._changed.set()
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
         while True:
-            item = await self._buffer.get()
-            if item is _END:
-                return
-            if _channel_closed(item.token):
-                # Its channel died before we started on it: the broker has already
-                # requeued it and will deliver it again on the new channel.
-                log.info("%s: skipped, its channel closed before handling", item.ref)
+            # Cleared before looking: a delivery, settle or stop after this line wakes
+            # the wait below at once.
+            self._changed.clear()
+            if not self._buffer.empty():
+                item = self._buffer.get_nowait()
+                if item is _END:
+                    return
+                if _channel_closed(item.token):
+                    # Its channel died before we started on it: the broker has already
+                    # requeued it and will deliver it again on the new channel.
+                    self._held -= 1
+                    log.info("%s: skipped, its channel closed before handling", item.ref)
+                    continue
+                yield item
                 continue
-            yield item
+            if self.until_empty and self._held == 0:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), IDLE_PROBE_S)
+                except TimeoutError:
+                    if await self._drained():
+                        self.drained = True
+                        return
+                continue
+            await self._changed.wait()
+
+    async def _drained(self) -> bool:
+        """Is claim.in drained for this consumer? Consumes again when it is not.
+
+        See the module docstring for why each step is needed. Any broker error (an
+        outage) means "not known to be drained": the run goes on and asks again.
+        """
+        if self.stopped.is_set() or not self.connected:
+            return False
+        try:
+            if not self._consuming:  # a check that failed half-way, or an outage
+                await self._consume()
+                return False
+            ready = (await self._queue.declare(timeout=CONNECT_TIMEOUT)).message_count
+            if ready or self._held or not self._buffer.empty():
+                return False
+            # From here no delivery is handed out (same step as the check above: no
+            # await in between, so nothing was received meanwhile).
+            tag, self._tag, self._consuming = self._tag, None, False
+            await self._queue.cancel(tag, timeout=CONNECT_TIMEOUT)
+            channel = await self._channel.get_underlay_channel()
+            await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
+            ready = (await self._queue.declare(timeout=CONNECT_TIMEOUT)).message_count
+            if ready == 0:
+                return True
+            self.drain_races += 1
+            if not self.stopped.is_set():
+                await self._consume()
+        except Exception as exc:
+            log.info("drain check on %s: %s; asking again", self.queue_name, type(exc).__name__)
+        return False
 
     def stop(self) -> None:
         """Stop taking deliveries (safe to call more than once, e.g. from a signal)."""
@@ -165,15 +271,16 @@ class AmqpTransport:
             return
         self.stopped.set()
         self._buffer.put_nowait(_END)
+        self._changed.set()
         # Only on a live connection: while disconnected there is no consumer on the
         # broker to cancel, and the robust channel would wait for a reconnect first
         # (a SIGTERM during an outage would then take CONNECT_TIMEOUT to act).
         if self._queue is not None and self._tag is not None and self.connected:
-            self._cancel_task = asyncio.get_running_loop().create_task(self._cancel())
+            self._cancel_task = asyncio.get_running_loop().create_task(self._cancel(self._tag))
 
-    async def _cancel(self) -> None:
+    async def _cancel(self, tag: str) -> None:
         try:
-            await asyncio.wait_for(self._queue.cancel(self._tag), CONNECT_TIMEOUT)
+            await asyncio.wait_for(self._queue.cancel(tag), CONNECT_TIMEOUT)
         except Exception as exc:  # a dead channel has no consumer left to cancel
             log.info("consumer cancel: %s", type(exc).__name__)
 
@@ -190,6 +297,7 @@ class AmqpTransport:
                     await message.reject(requeue=True)
                 else:  # DEAD: the queue's dead-letter exchange takes it (eai.dlx)
                     await message.reject(requeue=False)
+                faults.hit("mid-settle")  # acks go one by one: some of the group are sent
             except (
                 ae.AMQPError,
                 ae.ChannelInvalidStateError,
@@ -206,6 +314,12 @@ class AmqpTransport:
                     decision.value,
                     type(exc).__name__,
                 )
+            finally:
+                # Sent (awaited: its frame is out before any later method on this
+                # channel, such as the drain check's declare) or lost with its channel:
+                # either way no longer ours to settle.
+                self._held -= 1
+                self._changed.set()
 
     async def close(self) -> None:
         """Close channel and connection; anything unsettled returns to the queue."""

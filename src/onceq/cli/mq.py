@@ -144,6 +144,11 @@ def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
     type=Seconds(min=0, min_open=True),
     help="Seconds per claim-system call before it counts as a timeout.",
 )
+@click.option(
+    "--until-empty",
+    is_flag=True,
+    help="A batch: stop once claim.in is drained and nothing is in flight.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     claim_url: str,
@@ -151,6 +156,7 @@ def consume(
     prefetch: int,
     db: Path | None,
     timeout: float,
+    until_empty: bool,
     as_json: bool,
 ) -> None:
     """Consume claim.in, POST each claim to CLAIM/v1/claims, ack after the ledger.
@@ -162,14 +168,20 @@ def consume(
     Signals: this consumer runs until it is stopped, so a stop is its normal end:
     SIGTERM, SIGINT or --max-seconds take nothing more, finish the in-flight
     claims, print the summary and exit 0. A second signal stops at once (exit 130;
-    the in-flight claims return to claim.in). A batch that is to finish a queue
-    (dirq consume) exits 130/143 when a signal stops it. On a terminal a status
-    line on stderr shows the progress; piped, nothing.
+    the in-flight claims return to claim.in). On a terminal a status line on
+    stderr shows the progress; piped, nothing.
+
+    --until-empty makes it a batch: it stops once claim.in has nothing ready and
+    every delivery it took is settled (retries included), and exits 0. Like
+    every batch that is to finish a queue (dirq consume), it exits 130 (SIGINT) /
+    143 (SIGTERM) when a signal stops it first, and 1 when --max-seconds runs out
+    first, so that a script knows it did not finish.
 
     \b
     Example:
       onceq partner claim --port 9202 &
       onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
+      onceq mq consume --claim http://127.0.0.1:9202 --until-empty --json
     """
     from onceq.amqp.consume import ConsumeOptions, default_db
     from onceq.amqp.consume import consume as run_consume
@@ -184,6 +196,7 @@ def consume(
         prefetch=prefetch,
         max_seconds=max_seconds,
         timeout=timeout,
+        until_empty=until_empty,
     )
     with live_progress("claim.in", "dead") as on_settled:
         result = run_consume(url, opts, on_settled=on_settled, on_new_ledger=note_new_ledger)
@@ -191,15 +204,32 @@ def consume(
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db)
+    if until_empty and not result.drained:
+        _unfinished_batch(result.signal, max_seconds)
     if result.aborted:
         # Exit as an interrupted command: the run did not finish its in-flight claims.
         fail("interrupted by a second signal; in-flight claims return to claim.in")
         raise SystemExit(130)
 
 
+def _unfinished_batch(signum: int | None, max_seconds: float | None) -> None:
+    """Exit as a batch that did not finish: 128 + the signal, or 1 for the deadline."""
+    import signal
+
+    if signum is not None:
+        name = signal.Signals(signum).name
+        fail(f"stopped by {name} before claim.in was drained; the rest waits in claim.in")
+        raise SystemExit(128 + signum)
+    within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
+    fail(f"claim.in not drained{within}; the rest waits there")
+    raise SystemExit(1)
+
+
 def _print_consume(result: Any, db: Path) -> None:
     # "N unsettled", the JSON's key: deliveries a stop left unacked, back in claim.in.
     tail = f", {result.unsettled} unsettled (back to claim.in)" if result.unsettled else ""
+    if result.drained:
+        tail += "; claim.in drained"
     print_run_summary(result.stats, tail=f"{tail}; ledger {db}")
 
 

@@ -77,13 +77,13 @@ def consume(
             on_settled=on_settled,
         )
         consumer.stats.dead_word = DEAD_WORD
-        stats = asyncio.run(_run_stoppable(consumer, worker, stopped_by))
+        stats = asyncio.run(_run_stoppable(consumer, stopped_by))
     if stopped_by:
         raise Interrupted(root, stopped_by[0], stats)
     return stats
 
 
-async def _run_stoppable(consumer: Consumer, worker: Worker, stopped_by: list[int]) -> Stats:
+async def _run_stoppable(consumer: Consumer, stopped_by: list[int]) -> Stats:
     """Run the consumer; the first stop signal only stops the claiming (see the module)."""
     loop = asyncio.get_running_loop()
     installed: list[int] = []
@@ -95,7 +95,10 @@ async def _run_stoppable(consumer: Consumer, worker: Worker, stopped_by: list[in
             signal.raise_signal(signum)
             return
         stopped_by.append(signum)
-        worker.stop()
+        # A real stop (not the inbox running out): the worker claims nothing more, and
+        # the loop starts no new handler call (with the ledger-row effect there is
+        # none to start: everything claimed is recorded and moved).
+        consumer.stop()
 
     # Signal handlers exist only in the main thread (a library caller may use another).
     # An ignored signal stays ignored: a --workers child ignores SIGINT (Ctrl-C reaches

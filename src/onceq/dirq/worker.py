@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from onceq import faults
 from onceq.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.dirq.queue import FOLDERS, DirQueue
 from onceq.errors import QueueError
@@ -195,6 +196,7 @@ class Worker:
         except OSError as exc:
             raise QueueError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
         self._held.add(name)
+        faults.hit("after-claim")
         return True
 
     # --- Transport ------------------------------------------------------------------
@@ -298,6 +300,7 @@ class Worker:
             if linked:
                 to_unlink.append(d.token)
             touched.add(dest)
+            faults.hit("mid-settle")  # linked, not yet fsynced nor unlinked
         # The new names are durable before any old one goes (one fsync per folder
         # per group, not per file): a power cut can leave a file in both places,
         # which recovery finishes like a crash between link and unlink, but never

@@ -1,0 +1,192 @@
+"""A real consumer killed at each fault-injection point (onceq.faults), then a second run.
+
+A kill from outside lands in the commit → settle window only by chance; here the
+consumer SIGKILLs itself at the named point (ONCEQ_FAULT, ONCEQ_FAULT_AFTER), so each
+window is hit on every run. The second run must then finish the work: what the
+first committed is counted as `recovered` (not a duplicate, not processed again),
+every message is in exactly one final place, processing/ is empty / the queue is
+empty with nothing unacked, and the claim system got each guid exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_dirq_crash import check_invariants, finish, make_queue, rows
+
+from mq_support import (
+    claim_doc,
+    cli,
+    partner,
+    publish,
+    queues,
+    topology,
+    wait_for,
+    write_claims,
+)
+from support import run_cli
+
+# (point, N): fire the Nth time the point is reached. N > 1 where the first group
+# should settle first, so the kill lands mid-run and not on the very first message.
+DIRQ_POINTS = [
+    ("before-commit", 2),
+    ("after-commit-before-settle", 1),
+    ("after-commit-before-settle", 3),
+    ("mid-settle", 1),
+    ("mid-settle", 40),
+    ("after-claim", 5),
+]
+
+
+def claimed_files(root: Path) -> set[str]:
+    """Message files left in worker folders under processing/."""
+    out: set[str] = set()
+    for d in (root / "processing").iterdir():
+        out |= {n for n in os.listdir(d) if not n.startswith(".")}
+    return out
+
+
+def committed_refs(db: Path) -> set[str]:
+    """Every file the ledger holds an outcome for (effect, duplicate or failure)."""
+    refs: set[str] = set()
+    for table in ("processed", "duplicates", "failures"):
+        refs |= {r for (r,) in rows(db, f"SELECT ref FROM {table}")}
+    return refs
+
+
+def killed_run(root: Path, point: str, after: int) -> None:
+    env = {"ONCEQ_FAULT": point, "ONCEQ_FAULT_AFTER": str(after)}
+    r = run_cli("dirq", "consume", str(root), "--json", env=env, timeout=120)
+    assert r.returncode == -9, (r.returncode, r.stdout, r.stderr)  # it killed itself
+    assert r.stdout == ""  # no summary: nothing of ours ran after the kill
+
+
+@pytest.mark.parametrize(("point", "after"), DIRQ_POINTS)
+def test_dirq_killed_at_a_fault_point_recovers_exactly(
+    tmp_path: Path, point: str, after: int
+) -> None:
+    root = tmp_path / "q"
+    exp = make_queue(root, 700, seed=11, adjacent=0.05)
+    killed_run(root, point, after)
+
+    stranded = claimed_files(root)
+    assert stranded, "the kill must leave claims behind, or the point was never reached"
+    db = root / "ledger.db"
+    # Committed and not yet moved: exactly what the next run must count as recovered.
+    in_window = committed_refs(db) & stranded
+    if point in ("before-commit", "after-claim"):
+        assert in_window == set()  # the kill fell before this group's commit
+    else:
+        assert in_window, "the kill must fall after a commit, before its moves"
+    if point == "mid-settle":
+        # One file of the group is already linked into done/ or error/ and still claimed.
+        finished = set(os.listdir(root / "done")) | set(os.listdir(root / "error"))
+        assert finished & stranded
+
+    summary = finish(root)
+    assert summary["recovered"] == len(in_window)
+    check_invariants(root, exp)  # duplicates are exactly the re-sent ids, nothing twice
+
+
+def test_an_unknown_fault_point_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    root = tmp_path / "q"
+    make_queue(root, 5, seed=1)
+    before = sorted(os.listdir(root / "inbox"))
+    r = run_cli("dirq", "consume", str(root), env={"ONCEQ_FAULT": "after-comit"})
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.startswith("onceq: ONCEQ_FAULT: unknown fault point 'after-comit'")
+    assert "Traceback" not in r.stderr
+    assert sorted(os.listdir(root / "inbox")) == before and not (root / "ledger.db").exists()
+    r = run_cli("dirq", "consume", str(root), env={"ONCEQ_FAULT": "mid-settle",
+                                                   "ONCEQ_FAULT_AFTER": "0"})  # fmt: skip
+    assert r.returncode == 2 and "ONCEQ_FAULT_AFTER: '0'" in r.stderr, r.stderr
+
+
+def test_unset_fault_points_cost_one_empty_call() -> None:
+    """With ONCEQ_FAULT unset the hot loops call a function that does nothing."""
+    code = (
+        "import onceq.faults as f, json; "
+        "print(json.dumps([f.hit.__name__, f._POINT, f.hit('after-claim')]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEQ_FAULT")}
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == ["_off", None, None]
+
+
+# --- RabbitMQ -------------------------------------------------------------------------
+
+# prefetch 1: one delivery in flight, so a group is one message and no other claim
+# call is under way when the process kills itself: "each guid exactly once" is then
+# a promise the run can keep (a call whose record dies with the process is the
+# at-least-once part, and only before-commit has one).
+MQ_POINTS = [
+    ("before-commit", 2),
+    ("after-commit-before-settle", 1),
+    ("after-commit-before-settle", 3),
+    ("mid-settle", 2),
+]
+
+
+@pytest.mark.parametrize(("point", "after"), MQ_POINTS)
+def test_mq_killed_at_a_fault_point_recovers_exactly(
+    amqp_url: str, tmp_path: Path, point: str, after: int
+) -> None:
+    n = 12
+    docs = [claim_doc(f"f-{i:03d}") for i in range(n)]
+    resent = ["f-007", "f-009"]  # published again, last: real duplicates
+    # c00000.json …, published in this order: the re-sent copies come last.
+    files = write_claims(tmp_path / "c", [*docs, *(claim_doc(g) for g in resent)])
+    topology(amqp_url)
+    publish(amqp_url, *files)
+    db = tmp_path / "p.db"
+    args = ("mq", "consume", "--db", str(db), "--json", "--prefetch", "1", "--until-empty")
+    with partner() as p:
+        first = cli(amqp_url, *args, "--claim", p.url, ONCEQ_FAULT=point,
+                    ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
+        assert first.returncode == -9, (first.returncode, first.stderr)
+        assert first.stdout == ""
+        called_first = p.stats()["by_guid"]
+        committed = {m for (m,) in rows(db, "SELECT msg_id FROM processed")}
+        # The broker saw the connection die: whatever was unacked is back in claim.in.
+        wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=30, step=0.3)
+        second = cli(amqp_url, *args, "--claim", p.url)
+        calls = p.stats()["by_guid"]
+    assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout)
+    assert summary["drained"] is True
+
+    # Called before the kill and never recorded: only before-commit leaves one.
+    again = set(called_first) - committed
+    assert len(again) == (1 if point == "before-commit" else 0), (again, called_first)
+    assert calls == {f"f-{i:03d}": 2 if f"f-{i:03d}" in again else 1 for i in range(n)}
+    if point == "after-commit-before-settle":
+        assert summary["recovered"] == 1  # the committed, never-acked copy
+    elif point == "mid-settle":
+        assert summary["recovered"] in (0, 1)  # its ack may have left before the kill
+    else:
+        assert summary["recovered"] == 0
+    assert rows(db, "SELECT count(*) FROM processed") == [(n,)]
+    assert [m for (m,) in rows(db, "SELECT DISTINCT msg_id FROM duplicates ORDER BY 1")] == resent
+    assert summary["duplicates"] == len(resent)
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (0, 0)}
+
+
+def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Path) -> None:
+    """The id that tells a recovered copy from a re-sent one: one per publish, even for
+    two files with the same guid."""
+    from mq_support import get_all
+    from onceq.amqp.transport import COPY_HEADER
+
+    topology(amqp_url)
+    publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("same"), claim_doc("same")]))
+    ids = [props.headers[COPY_HEADER] for _, props, _ in get_all(amqp_url, "claim.in")]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert all(len(i) == 32 for i in ids)
