@@ -128,13 +128,18 @@ def get_all(url: str, queue: str) -> list[tuple[Any, Any, bytes]]:
 
 
 class Partner:
-    """The claim-system stub as a real subprocess (`python -m onceq partner claim`)."""
+    """A partner stub as a real subprocess (`python -m onceq partner KIND`).
 
-    def __init__(self, delay: float = 0.0) -> None:
+    kind: "claim" (the claim system, ids counted by_guid) or "invoices" (the invoice
+    partner, ids counted by_id).
+    """
+
+    def __init__(self, delay: float = 0.0, kind: str = "claim") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.id_stat = "by_guid" if kind == "claim" else "by_id"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "onceq", "partner", "claim", "--port", str(self.port),
+            [sys.executable, "-m", "onceq", "partner", kind, "--port", str(self.port),
              "--delay", str(delay)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -164,10 +169,10 @@ class Partner:
         return int(self.stats()["held"])
 
     def check_keys(self) -> dict[str, Any]:
-        """Every call carried Idempotency-Key == the body's guid (the message_id)."""
+        """Every call carried Idempotency-Key == the body's id (the message_id)."""
         stats = self.stats()
         assert stats["key_missing"] == 0 and stats["key_mismatch"] == 0, stats
-        assert stats["by_key"] == stats["by_guid"], stats
+        assert stats["by_key"] == stats[self.id_stat], stats
         return stats
 
     def stop(self) -> int:
@@ -176,15 +181,15 @@ class Partner:
 
 
 @contextmanager
-def partner(delay: float = 0.0, *, keys: bool = True) -> Iterator[Partner]:
+def partner(delay: float = 0.0, *, keys: bool = True, kind: str = "claim") -> Iterator[Partner]:
     """The stub for the block's duration.
 
     keys: on leaving the block normally, assert that every call the stub saw carried
-    Idempotency-Key == the body's guid. On by default, so every consume test checks
+    Idempotency-Key == the body's id. On by default, so every consume test checks
     the header the claim system deduplicates by; only a test that posts by hand
-    turns it off.
+    turns it off. kind: which stub ("claim" or "invoices").
     """
-    p = Partner(delay)
+    p = Partner(delay, kind)
     try:
         yield p
         if keys and p.proc.poll() is None:

@@ -21,6 +21,7 @@ def partner() -> None:
     \b
     Example:
       onceq partner claim --port 9202 --delay 0.05 &
+      onceq partner invoices --port 9300 &
     """
 
 
@@ -61,3 +62,29 @@ def claim(port: int, host: str, delay: float) -> None:
     from onceq.partner import Claims, run_stub
 
     run_stub(Claims, host, port, delay)
+
+
+@partner.command()
+@_stub_options(9300)
+def invoices(port: int, host: str, delay: float) -> None:
+    """Run the invoice-partner stub until SIGTERM/SIGINT.
+
+    POST /api/invoices: 400 for a body that is not a JSON object or whose invoiceId
+    is missing or not a string, 422 when total is missing, not a number or negative,
+    503 when customer starts with BUSY, 409 for an invoiceId it already accepted,
+    else 201 (and the invoiceId is remembered).
+    GET /_stats: total, by_id, by_status, by_key, key_missing, key_mismatch (the
+    Idempotency-Key header vs the body's invoiceId), peak_in_flight, held, held_keys.
+    POST /_reset forgets the stats and the invoiceIds.
+
+    \b
+    Example:
+      onceq partner invoices --port 9300 &
+      curl -s -X POST http://127.0.0.1:9300/api/invoices \\
+           -H 'Idempotency-Key: INV-1' \\
+           -d '{"invoiceId": "INV-1", "customer": "ACME", "total": 120.5}'
+      curl -s http://127.0.0.1:9300/_stats
+    """
+    from onceq.partner import Invoices, run_stub
+
+    run_stub(Invoices, host, port, delay)

@@ -2,15 +2,18 @@
 
 engine.py    counting (/_stats), the hold gate, the delay, serving and signals
 claims.py    the claim system: POST /v1/claims      (`onceq partner claim`)
+invoices.py  the invoice partner: POST /api/invoices (`onceq partner invoices`)
 """
 
 from __future__ import annotations
 
 from onceq.partner.claims import Claims, classify
 from onceq.partner.engine import RuleSet, Stats, make_app, run_stub, serve
+from onceq.partner.invoices import Invoices
 
 __all__ = [
     "Claims",
+    "Invoices",
     "RuleSet",
     "Stats",
     "classify",
