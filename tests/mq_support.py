@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -125,6 +126,23 @@ def get_all(url: str, queue: str) -> list[tuple[Any, Any, bytes]]:
         return out  # closing the connection returns the unacked messages
     finally:
         conn.close()
+
+
+def post(url: str, body: bytes, key: str | None = None) -> tuple[int, dict[str, Any]]:
+    """POST a JSON body to a stub with Idempotency-Key `key` (none when None).
+
+    (status, the stub's JSON answer); an error status is returned, not raised.
+    """
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    req = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else {}
 
 
 class Partner:
