@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -127,14 +128,36 @@ def get_all(url: str, queue: str) -> list[tuple[Any, Any, bytes]]:
         conn.close()
 
 
-class Partner:
-    """The claim-system stub as a real subprocess (`python -m onceq partner claim`)."""
+def post(url: str, body: bytes, key: str | None = None) -> tuple[int, dict[str, Any]]:
+    """POST a JSON body to a stub with Idempotency-Key `key` (none when None).
 
-    def __init__(self, delay: float = 0.0) -> None:
+    (status, the stub's JSON answer); an error status is returned, not raised.
+    """
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    req = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else {}
+
+
+class Partner:
+    """A partner stub as a real subprocess (`python -m onceq partner KIND`).
+
+    kind: "claim" (the claim system, ids counted by_guid) or "invoices" (the invoice
+    partner, ids counted by_id).
+    """
+
+    def __init__(self, delay: float = 0.0, kind: str = "claim") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.id_stat = "by_guid" if kind == "claim" else "by_id"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "onceq", "partner", "claim", "--port", str(self.port),
+            [sys.executable, "-m", "onceq", "partner", kind, "--port", str(self.port),
              "--delay", str(delay)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -164,10 +187,10 @@ class Partner:
         return int(self.stats()["held"])
 
     def check_keys(self) -> dict[str, Any]:
-        """Every call carried Idempotency-Key == the body's guid (the message_id)."""
+        """Every call carried Idempotency-Key == the body's id (the message_id)."""
         stats = self.stats()
         assert stats["key_missing"] == 0 and stats["key_mismatch"] == 0, stats
-        assert stats["by_key"] == stats["by_guid"], stats
+        assert stats["by_key"] == stats[self.id_stat], stats
         return stats
 
     def stop(self) -> int:
@@ -176,15 +199,15 @@ class Partner:
 
 
 @contextmanager
-def partner(delay: float = 0.0, *, keys: bool = True) -> Iterator[Partner]:
+def partner(delay: float = 0.0, *, keys: bool = True, kind: str = "claim") -> Iterator[Partner]:
     """The stub for the block's duration.
 
     keys: on leaving the block normally, assert that every call the stub saw carried
-    Idempotency-Key == the body's guid. On by default, so every consume test checks
+    Idempotency-Key == the body's id. On by default, so every consume test checks
     the header the claim system deduplicates by; only a test that posts by hand
-    turns it off.
+    turns it off. kind: which stub ("claim" or "invoices").
     """
-    p = Partner(delay)
+    p = Partner(delay, kind)
     try:
         yield p
         if keys and p.proc.poll() is None:

@@ -14,20 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mq_support import CLAIMS, count, ctl, partner, queues, rows, wait_for
+from mq_support import CLAIMS, count, ctl, partner, post, queues, rows, wait_for
 from support import plain_env, run_cli
 
 
 def _post(url: str, body: bytes, key: str | None = None) -> int:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Idempotency-Key"] = key
-    req = urllib.request.Request(f"{url}/v1/claims", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return post(f"{url}/v1/claims", body, key)[0]
 
 
 def test_stub_answers_by_the_rules_and_counts_every_call() -> None:

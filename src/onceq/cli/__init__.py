@@ -38,12 +38,12 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, mq, sample
+    from onceq.cli import demo, dirq, lab, mq, partner, sample
 
     app.add_command(demo.demo)
     app.add_command(dirq.dirq)
     app.add_command(mq.mq)
-    app.add_command(mq.partner)
+    app.add_command(partner.partner)
     app.add_command(lab.lab)
     app.add_command(sample.sample)
 

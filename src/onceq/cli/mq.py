@@ -1,4 +1,4 @@
-"""`onceq mq …` and `onceq partner …`: the RabbitMQ claims pipeline."""
+"""`onceq mq …`: the RabbitMQ claims pipeline."""
 
 from __future__ import annotations
 
@@ -314,40 +314,3 @@ def memory_line(mem: dict[str, Any]) -> str:
         + (f" ({', '.join(figures)})" if figures else "")
         + f"; alarms: {alarms}"
     )
-
-
-@click.group()
-def partner() -> None:
-    """Stub partner systems for demos, tests and benchmarks.
-
-    \b
-    Example:
-      onceq partner claim --port 9202 --delay 0.05 &
-    """
-
-
-@partner.command()
-@click.option("--port", default=9202, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--delay",
-    default=0.0,
-    show_default=True,
-    type=Seconds(min=0),
-    help="Seconds each call takes (asyncio.sleep: concurrent calls overlap).",
-)
-def claim(port: int, host: str, delay: float) -> None:
-    """Run the claim-system stub until SIGTERM/SIGINT.
-
-    POST /v1/claims: 422 when docs is missing or empty, 503 when claimId starts
-    with BUSY, 400 for a body that is not a JSON object, else 201.
-    GET /_stats: total, by_guid, by_claim. POST /_reset clears them.
-
-    \b
-    Example:
-      onceq partner claim --port 9202 --delay 0.5 &
-      curl -s http://127.0.0.1:9202/_stats
-    """
-    from onceq.partner import run
-
-    run(host, port, delay)

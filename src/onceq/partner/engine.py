@@ -1,27 +1,31 @@
-"""The claim-system stub: what the consumer calls in demos, tests and benchmarks.
+"""The stub engine every partner stub runs on: counting, the hold gate, the delay, serving.
 
-    POST /v1/claims   400 body not a JSON object
-                      422 docs missing or empty          (business rejection)
-                      503 claimId starts with BUSY        (transient)
-                      201 otherwise
-    GET  /_stats      {"total": N, "by_guid": {...}, "by_claim": {...}, "by_status": {...},
-                       "by_key": {Idempotency-Key: calls}, "key_missing": N,
-                       "key_mismatch": N (calls whose key is missing or is not the body's guid),
-                       "peak_in_flight": most calls answered at once,
-                       "held": calls waiting at the gate, "held_keys": [their keys, oldest first]}
-    POST /_reset      clears the stats
-    POST /_hold       from now on every call waits (counted, unanswered) until released
-    POST /_release    answers every held call and stops holding;
-                      ?n=K answers only the K oldest held calls and keeps holding
+A stub is this engine plus a rule set (claims.py, invoices.py) that says which path it
+answers, which body field is the message id, and what status a body gets.
+
+    POST <rules.path>  the rule set's answer, after the gate and the delay
+    GET  /_stats       {"total": N, <rules.id_stat>: {id: calls}, <tallies>…,
+                        "by_status": {...}, "by_key": {Idempotency-Key: calls},
+                        "key_missing": N, "key_mismatch": N (calls whose key is missing
+                        or is not the body's id), "peak_in_flight": most calls answered
+                        at once, "held": calls waiting at the gate,
+                        "held_keys": [their keys, oldest first]}
+    POST /_reset       clears the stats and the rule set's memory: a fresh stub
+    POST /_hold        from now on every call waits (counted, unanswered) until released
+    POST /_release     answers every held call and stops holding;
+                       ?n=K answers only the K oldest held calls and keeps holding
 
 Every call is counted before the answer (a 422 or 503 is still a call the partner
 saw), so tests can prove "called exactly once" and "called twice, then dead". The
-Idempotency-Key header of every call is recorded beside the body's guid, so a test
+Idempotency-Key header of every call is recorded beside the body's id, so a test
 can prove the consumer sends the key the partner deduplicates by.
 `delay` is an asyncio.sleep, so concurrent calls overlap, as a slow real system's
 would. The hold gate makes a test's timing true by construction instead of by a
 race with the clock: "exactly prefetch calls are in flight now", "the connection
 drops while these calls wait" hold for as long as the test needs them.
+The rule set answers after the gate and the delay, at the moment the answer is sent:
+of two calls for one id held together, the one released first is the one a
+remembering partner (invoices) accepts.
 """
 
 from __future__ import annotations
@@ -32,29 +36,54 @@ import json
 import signal
 import sys
 from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from onceq.errors import UsageError
 
 
+class RuleSet(Protocol):
+    """What a partner stub says about a body; one instance per running stub."""
+
+    title: str  # "claim system": the listening line names the stub
+    path: str  # the POST route, e.g. "/v1/claims"
+    id_field: str  # the body field that is the message id (the Idempotency-Key's value)
+    id_stat: str  # its /_stats counter, e.g. "by_guid"
+    tallies: Mapping[str, str]  # further /_stats counters: name → body field
+    default_port: int
+
+    def answer(self, doc: Any, ident: str) -> tuple[int, dict[str, Any]]:
+        """The status and JSON body for a parsed body (None when it was not JSON)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what the partner holds (POST /_reset)."""
+        ...
+
+
 @dataclass
-class ClaimStats:
+class Stats:
+    id_stat: str
+    tally_names: tuple[str, ...] = ()
     total: int = 0
-    by_guid: Counter[str] = field(default_factory=Counter)
-    by_claim: Counter[str] = field(default_factory=Counter)
+    by_id: Counter[str] = field(default_factory=Counter)
+    tallies: dict[str, Counter[str]] = field(default_factory=dict)
     by_status: Counter[str] = field(default_factory=Counter)
     by_key: Counter[str] = field(default_factory=Counter)
     key_missing: int = 0
-    key_mismatch: int = 0  # key missing, or not the body's guid: the dedup would break
+    key_mismatch: int = 0  # key missing, or not the body's id: the dedup would break
     in_flight: int = 0
     peak_in_flight: int = 0  # most calls being answered at once: proves concurrency
+
+    def __post_init__(self) -> None:
+        self.tallies = {name: Counter() for name in self.tally_names}
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "total": self.total,
-            "by_guid": dict(self.by_guid),
-            "by_claim": dict(self.by_claim),
+            self.id_stat: dict(self.by_id),
+            **{name: dict(c) for name, c in self.tallies.items()},
             "by_status": dict(self.by_status),
             "by_key": dict(self.by_key),
             "key_missing": self.key_missing,
@@ -64,7 +93,7 @@ class ClaimStats:
 
     def reset(self) -> None:
         self.total = self.peak_in_flight = self.key_missing = self.key_mismatch = 0
-        for c in (self.by_guid, self.by_claim, self.by_status, self.by_key):
+        for c in (self.by_id, self.by_status, self.by_key, *self.tallies.values()):
             c.clear()
 
 
@@ -107,61 +136,44 @@ class Gate:
         return released
 
 
-def classify(doc: Any) -> int:
-    """The status the claim system gives a parsed body."""
-    if not isinstance(doc, dict):
-        return 400
-    docs = doc.get("docs")
-    if not docs:  # missing, null, empty list / string / object
-        return 422
-    if str(doc.get("claimId", "")).startswith("BUSY"):
-        return 503
-    return 201
-
-
-def make_app(delay: float = 0.0) -> Any:
+def make_app(rules: RuleSet, delay: float = 0.0) -> Any:
     from aiohttp import web
 
-    stats = ClaimStats()
+    stats = Stats(rules.id_stat, tuple(rules.tallies))
     gate = Gate()
 
-    async def post_claim(request: web.Request) -> web.Response:
+    async def post(request: web.Request) -> web.Response:
         raw = await request.read()
         try:
             doc = json.loads(raw)
         except (ValueError, RecursionError):
             doc = None
+        body = doc if isinstance(doc, dict) else {}
         key = request.headers.get("Idempotency-Key")
-        body_guid = doc.get("guid") if isinstance(doc, dict) else None
-        guid = body_guid or key or ""
-        claim_id = doc.get("claimId") if isinstance(doc, dict) else None
+        body_id = body.get(rules.id_field)
+        ident = str(body_id or key or "")
         stats.total += 1
-        stats.by_guid[str(guid)] += 1
+        stats.by_id[ident] += 1
         if key is None:
             stats.key_missing += 1
         else:
             stats.by_key[key] += 1
-        if key is None or key != str(body_guid):
+        if key is None or body_id is None or key != str(body_id):
             stats.key_mismatch += 1
-        if claim_id is not None:
-            stats.by_claim[str(claim_id)] += 1
+        for name, field_name in rules.tallies.items():
+            if body.get(field_name) is not None:
+                stats.tallies[name][str(body[field_name])] += 1
         stats.in_flight += 1
         stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
         try:
-            await gate.pass_(str(key if key is not None else guid))
+            await gate.pass_(key if key is not None else ident)
             if delay > 0:
                 await asyncio.sleep(delay)
         finally:
             stats.in_flight -= 1
-        status = classify(doc)
+        status, answer = rules.answer(doc, ident)
         stats.by_status[str(status)] += 1
-        body = {
-            201: {"status": "accepted", "guid": guid},
-            400: {"error": "body is not a JSON object"},
-            422: {"error": "docs missing or empty"},
-            503: {"error": "claim system busy"},
-        }[status]
-        return web.json_response(body, status=status)
+        return web.json_response(answer, status=status)
 
     async def get_stats(request: web.Request) -> web.Response:
         held = gate.held_keys
@@ -169,6 +181,7 @@ def make_app(delay: float = 0.0) -> Any:
 
     async def reset(request: web.Request) -> web.Response:
         stats.reset()
+        rules.reset()
         return web.json_response({"reset": True})
 
     async def hold(request: web.Request) -> web.Response:
@@ -183,7 +196,7 @@ def make_app(delay: float = 0.0) -> Any:
         return web.json_response({"released": released, "holding": gate.holding})
 
     app = web.Application(client_max_size=4 * 1024 * 1024)
-    app.router.add_post("/v1/claims", post_claim)
+    app.router.add_post(rules.path, post)
     app.router.add_get("/_stats", get_stats)
     app.router.add_post("/_reset", reset)
     app.router.add_post("/_hold", hold)
@@ -197,12 +210,14 @@ def make_app(delay: float = 0.0) -> Any:
     return app
 
 
-async def serve(host: str, port: int, delay: float, out: TextIO = sys.stdout) -> None:
+async def serve(
+    rules: RuleSet, host: str, port: int, delay: float, out: TextIO = sys.stdout
+) -> None:
     """Listen until SIGTERM / SIGINT, then close the listener and open requests cleanly."""
     from aiohttp import web
 
     # access_log=None: one log line per request would make the stub the bottleneck.
-    runner = web.AppRunner(make_app(delay), access_log=None)
+    runner = web.AppRunner(make_app(rules, delay), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -211,7 +226,7 @@ async def serve(host: str, port: int, delay: float, out: TextIO = sys.stdout) ->
         await runner.cleanup()
         raise UsageError(f"{host}:{port}: cannot listen: {exc.strerror or exc}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
-    out.write(f"claim system stub listening on http://{host}:{bound}\n")
+    out.write(f"{rules.title} stub listening on http://{host}:{bound}\n")
     out.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -223,5 +238,7 @@ async def serve(host: str, port: int, delay: float, out: TextIO = sys.stdout) ->
         await runner.cleanup()
 
 
-def run(host: str = "127.0.0.1", port: int = 9202, delay: float = 0.0) -> None:
-    asyncio.run(serve(host, port, delay))
+def run_stub(new_rules: Callable[[], RuleSet], host: str, port: int | None, delay: float) -> None:
+    """Run a stub of `new_rules()` (on its default port when port is None) until a signal."""
+    rules = new_rules()
+    asyncio.run(serve(rules, host, rules.default_port if port is None else port, delay))
