@@ -18,7 +18,12 @@ Three layers, each a fallback for the one before:
   it (raw, percent-encoded or decoded, JSON- or repr-escaped), since an exception text
   can quote a password in a shape no URL pattern sees ("port ... as 's3'").
 - `RedactingStream`: the CLI's stdout and stderr (`guarded_stdio`), so that whatever
-  reaches them (rich, click, logging, warnings, a traceback) passes `redact_text`.
+  reaches them (rich, click, logging, warnings, a traceback) is masked. stderr (errors,
+  logs, tracebacks) gets the whole `redact_text`; stdout only the remembered passwords
+  (`redact_secrets`): stdout carries data — a msg_id `sip:alice@example.com`, a --help
+  example with the default `guest:guest@` — and a pattern would rewrite it, so a script
+  reading `--json` would get ids that are not in the ledger. What onceq itself puts on
+  stdout from a URL is masked where it is formatted (`redact_url`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ def redact_text(text: str) -> str:
     if "@" in text:
         text = _USERINFO.sub(lambda m: (m.group("a") or m.group("b")) + MASK + "@", text)
     # Longest first: a secret that contains another is replaced whole.
+    return redact_secrets(text)
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with every remembered password replaced (no pattern: data stays as it is)."""
     for secret in sorted(_remembered, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
@@ -183,9 +193,10 @@ class RedactingStream:
     otherwise write bytes past the wrapper.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, mask: Any = None) -> None:
         self._stream = stream
         self._pending = ""
+        self._mask = mask or redact_text
 
     def write(self, s: str) -> int:
         if not isinstance(s, str):  # click probes with b"" to tell binary from text
@@ -193,12 +204,12 @@ class RedactingStream:
         self._pending += s
         if "\n" in self._pending:
             done, _, self._pending = self._pending.rpartition("\n")
-            self._stream.write(redact_text(done + "\n"))
+            self._stream.write(self._mask(done + "\n"))
         return len(s)
 
     def flush(self) -> None:
         if self._pending:
-            self._stream.write(redact_text(self._pending))
+            self._stream.write(self._mask(self._pending))
             self._pending = ""
         self._stream.flush()
 
@@ -217,7 +228,8 @@ def guarded_stdio() -> Iterator[None]:
     streams are restored, and an exception text may quote a URL.
     """
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
+    # stdout is data (see the module's docstring): remembered passwords only.
+    sys.stdout, sys.stderr = RedactingStream(out, redact_secrets), RedactingStream(err)
     try:
         yield
     except Exception:

@@ -226,3 +226,74 @@ def test_a_url_as_ledger_path_is_masked(claims_vhost: str, place: Path, tmp_path
     assert r.returncode == 8 and "no such folder" in r.stderr, r.stderr
     assert_no_leak(r.stdout + r.stderr, "dbSECRET9", ["dbSECRET9"], "EAI_MQ_DB")
     assert list(tmp_path.iterdir()) == []
+
+
+# The '@' forgotten or mistyped: nothing marks where userinfo ends, so `amqp://alice:pw`
+# parses as host alice, port pw. A password that starts with a letter is never a port,
+# so every such URL is refused, and the refusal must not show it.
+NO_AT = st.lists(
+    st.sampled_from([*"/#?%:;!$&'()*+,=[]~^{}|<>\"\\ .", "%2F", "é", "中", "\t"]), max_size=3
+).map("".join)
+
+
+@st.composite
+def without_at(draw: st.DrawFn, schemes: list[str]) -> Case:
+    token = draw(TOKEN)
+    password = token + draw(NO_AT)
+    user = draw(st.from_regex(r"[a-z][a-z0-9._-]{0,6}", fullmatch=True))
+    sep = draw(st.sampled_from(["", "#", "/", " ", "?"]))
+    rest = draw(st.sampled_from(["127.0.0.1:5672/", "localhost", "", "/v"]))
+    return f"{draw(st.sampled_from(schemes))}{user}:{password}{sep}{rest}", password, [token]
+
+
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=without_at(BROKER_SCHEMES), which=st.integers(0, 3), as_json=st.booleans())
+@example(case=("amqp://alice:s3cr3tAB", "s3cr3tAB", ["s3cr3tAB"]), which=0, as_json=False)
+@example(case=("amqp//alice:s3cr3tAB", "s3cr3tAB", ["s3cr3tAB"]), which=1, as_json=True)
+@example(case=("amqp://alice:s3cr3tAB 127.0.0.1/", "s3cr3tAB", ["s3cr3tAB"]), which=0, as_json=True)
+def test_a_broker_url_without_its_at_never_shows_the_password(
+    place: Path, case: Case, which: int, as_json: bool
+) -> None:
+    url, password, tokens = case
+    args = _commands(place)[which] + (["--json"] if as_json else [])
+    code, text = in_process(args, _env(place, EAI_AMQP_URL=url))
+    assert code == 2, (url, text)  # refused before anything is used
+    assert_no_leak(text, password, tokens, (url, args))
+
+
+@settings(max_examples=max(MAX_EXAMPLES // 2, 5), deadline=None)
+@given(case=without_at(CLAIM_SCHEMES))
+@example(case=("http://bob:pw12XYZ", "pw12XYZ", ["pw12XYZ"]))
+def test_a_claim_url_without_its_at_never_shows_the_password(case: Case) -> None:
+    from onceq.amqp.handler import check_claim_url
+    from onceq.errors import UsageError
+
+    url, password, tokens = case
+    with pytest.raises(UsageError) as refused:
+        check_claim_url(url)
+    assert_no_leak(str(refused.value), password, tokens, url)
+
+
+def test_stdout_data_that_looks_like_userinfo_is_printed_as_it_is(tmp_path: Path) -> None:
+    """stdout is data: a msg_id `sip:alice@example.com` in --json output, and a --help
+    example with the default `guest:guest@`, are printed as they are (a pattern mask
+    there would hand a script ids that are not in the ledger, and a help example that
+    fails as printed); stderr still gets every mask."""
+    import json
+
+    q = tmp_path / "q"
+    (q / "inbox").mkdir(parents=True)
+    for i, name in enumerate(("a.json", "b.json")):
+        doc = {"msg_id": "sip:alice@example.com", "order_no": "ord:7@b", "seq": i + 1, "amount": 1}
+        (q / "inbox" / name).write_text(json.dumps(doc))
+    assert run_cli("dirq", "init", str(q)).returncode == 0
+    assert run_cli("dirq", "consume", str(q)).returncode == 0
+    r = run_cli("dirq", "report", str(q), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "sip:alice@example.com" in json.loads(r.stdout)["duplicates"], r.stdout
+    r = run_cli("mq", "topology", "--help")
+    assert "amqp://guest:guest@127.0.0.1:5672/%2F" in r.stdout, r.stdout

@@ -162,11 +162,17 @@ def test_the_stream_is_text_only_and_hides_its_buffer() -> None:
 def test_a_traceback_inside_the_guard_is_masked_and_exits_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with pytest.raises(SystemExit) as exc, guarded_stdio():
-        print("stdout amqp//alice:s3cr3tOUT@h")
-        raise ValueError("bad URL amqp//alice:s3cr3tTB@h")
+    remember("amqp//alice:s3cr3tOUT@h")  # a URL the run was given
+    try:
+        with pytest.raises(SystemExit) as exc, guarded_stdio():
+            print("stdout amqp//alice:s3cr3tOUT@h, data sip:bob:x@example.com")
+            raise ValueError("bad URL amqp//alice:s3cr3tTB@h")
+    finally:
+        redact.forget_all()
     assert exc.value.code == 1
     out, err = capsys.readouterr()
     assert "s3cr3tOUT" not in out and "alice:***@h" in out
+    # stdout is data: no pattern there (a msg_id that looks like userinfo stays whole).
+    assert "sip:bob:x@example.com" in out
     assert "s3cr3tTB" not in err and "Traceback" in err and "ValueError" in err
     assert not isinstance(sys.stdout, RedactingStream)  # put back

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import unquote, urlsplit
@@ -53,13 +54,37 @@ def check_url(url: str, label: str, schemes: tuple[str, ...], port_role: str) ->
         parts = urlsplit(url)
         port = parts.port  # raises on a port that is not a number in 0-65535
     except ValueError as exc:
-        raise UsageError(f"{label}{redact_url(url)}: not a valid URL ({_why(exc)})") from None
+        raise UsageError(f"{label}{shown(url)}: not a valid URL ({_why(exc)})") from None
     if parts.scheme not in schemes or not parts.hostname:
         wanted = " or ".join(f"{s}://" for s in schemes)
-        raise UsageError(f"{label}{redact_url(url)}: not an {wanted} URL")
+        raise UsageError(f"{label}{shown(url)}: not an {wanted} URL")
     if port == 0:
-        raise UsageError(f"{label}{redact_url(url)}: port 0 is not {port_role}")
+        raise UsageError(f"{label}{shown(url)}: port 0 is not {port_role}")
     return url
+
+
+_SCHEME_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:/+")
+_A_PORT = re.compile(r"\d*(?:[/?#]|$)")
+
+
+def shown(url: str) -> str:
+    """A refused URL as a refusal may show it: masked, and with no '@' cut at its ':'.
+
+    Without an '@' nothing tells a password from a host or a port: `amqp://alice:s3cr3t`
+    (the '@' and host forgotten) parses as host alice, port s3cr3t, and no pattern
+    sees a password. So after the authority's first ':' only a port (digits) is shown.
+    """
+    if "@" in url:
+        return redact_url(url)
+    # After a `scheme:/…` head, else from the start: in `amqp//alice:pw` (a typo) the
+    # first ':' is still the userinfo's; in `amqp:alice:pw` masking from `amqp:` is more
+    # than needed, never less.
+    head = _SCHEME_HEAD.match(url)
+    start = head.end() if head else 0
+    colon = url.find(":", start)
+    if colon < 0 or _A_PORT.match(url, colon + 1):
+        return url
+    return url[: colon + 1] + "***"
 
 
 def _why(exc: ValueError) -> str:
