@@ -159,7 +159,7 @@ class Consumer:
         *,
         max_in_flight: int = 256,
         max_group: int = 512,
-        max_attempts: int = 2,
+        max_attempts: int | None = None,
         on_settled: Callable[[Sequence[Entry]], None] | None = None,
     ) -> None:
         self.transport = transport
@@ -167,7 +167,12 @@ class Consumer:
         self.decode = decode
         self.handler = handler
         self.max_group = max_group
-        self.max_attempts = max_attempts
+        # Tries before a transient failure is dead. The transport knows what it can do:
+        # a queue that cannot redeliver (the directory queue: 1) must not count a
+        # failure as "requeued" while the file is quarantined; a broker retries once.
+        self.max_attempts = (
+            max_attempts if max_attempts is not None else getattr(transport, "max_attempts", 2)
+        )
         self.on_settled = on_settled
         self.stats = Stats()
         self._slots = asyncio.Semaphore(max_in_flight)

@@ -97,7 +97,8 @@ def test_consume_py_consumes_new_messages_into_its_own_queue(tmp_path: Path) -> 
     q = tmp_path / "R" / "q"
     r = _run([str(q / "consume.py")], Path("/"))  # executable, via its #! line
     assert r.returncode == 0, r.stderr
-    assert "20 received, 15 processed, 3 duplicates, 2 quarantined" in r.stdout
+    assert "20 received, 15 processed, 3 duplicates, 0 recovered, 2 quarantined" in r.stdout
+    assert r.stderr == f"consume.py: new ledger at {q / 'ledger.db'}: no message seen before\n"
     assert _processed(q) == 15
     assert (q / "dup.txt").read_text() == "m-0003\nm-0007\nm-0012\n"
     assert len((q / "error.csv").read_text().splitlines()) == 3
@@ -108,7 +109,13 @@ def test_consume_py_consumes_new_messages_into_its_own_queue(tmp_path: Path) -> 
     r = _run(["python3", str(q / "consume.py")], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "1 received, 1 processed" in r.stdout
+    assert r.stderr == ""  # the ledger exists now: no note
     assert _processed(q) == 16
+    # A run in which every message failed says so first.
+    (q / "inbox" / "bad.json").write_text("{not json")
+    r = _run(["python3", str(q / "consume.py")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "every message failed: 1 quarantined (parse 1)", r.stdout
 
 
 def test_lag_sh_exit_codes(lab: Path, tmp_path: Path) -> None:

@@ -64,9 +64,11 @@ def test_dirq_consume_on_a_terminal_shows_progress_and_erases_it(tmp_path: Path)
     assert code == 0, out
     # The status line: its final counts are drawn once before it is erased, so this
     # holds however fast the run was.
-    final = f"{q}: 20 settled: 15 processed, 3 duplicates, 0 requeued, 2 quarantined"
-    assert final in out, out
-    assert re.search(r"\d+ msg/s", out), out
+    final = (
+        r"20 settled · \d+ msg/s · \d+s · 15 processed, 3 duplicates, 0 requeued,"
+        rf" 2 quarantined · {re.escape(str(q))}"
+    )
+    assert re.search(final, out), out
     assert out.count(CLEAR) >= 2  # drawn, and erased before the summary
     # The summary follows the erased line, whole.
     summary = out.rsplit(CLEAR, 1)[1]
@@ -103,7 +105,13 @@ def test_mq_consume_on_a_terminal_refreshes_progress_piped_shows_none(
         assert code == 0, out
         # The sample settles 10 deliveries (the BUSY claim twice); the line is redrawn
         # every 0.25 s for the 3 s the run lasts, whether or not anything settles.
-        assert "claim.in: 10 settled: 6 processed, 1 duplicates, 1 requeued, 2 dead" in out
+        assert re.search(
+            r"10 settled · \d+ msg/s · \d+s · 6 processed, 1 duplicates, 1 requeued,"
+            r" 2 dead · claim.in",
+            out,
+        ), out
+        # The new-ledger note is a line of its own, not glued to the progress line.
+        assert re.search(r"(^|\n|\x1b\[2K)onceq: new ledger at ", out), out
         assert out.count(CLEAR) >= 5, out
         assert "6 processed" in out.rsplit(CLEAR, 1)[1]
 
@@ -113,3 +121,15 @@ def test_mq_consume_on_a_terminal_refreshes_progress_piped_shows_none(
     assert "settled" not in r.stdout + r.stderr
     assert "\x1b" not in r.stdout + r.stderr and "\r" not in r.stdout + r.stderr
     assert r.stdout.startswith("10 received, 6 processed, 1 duplicates"), r.stdout
+
+
+def test_the_rate_survives_an_80_column_terminal() -> None:
+    """The line is cut at the terminal's width: the count and the rate come first, so
+    a five-digit count and a long queue path do not push the rate off the line."""
+    import io
+
+    from onceq.cli.progress import StatusLine
+
+    line = StatusLine("/srv/" + "a-long-folder/" * 8 + "q", "quarantined", io.StringIO())
+    line.stats.received = line.stats.processed = 11264
+    assert re.match(r"11264 settled · \d+ msg/s · \d+s · 11264 processed", line.text()[:79])

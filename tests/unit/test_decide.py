@@ -1,4 +1,4 @@
-"""The settle table, cell by cell (DESIGN.md: RabbitMQ settle table)."""
+"""The settle table, cell by cell (docs/architecture.md: the settle table)."""
 
 from __future__ import annotations
 

@@ -66,6 +66,7 @@ class ConsumeResult:
     db: Path
     aborted: bool = False  # a second signal cut the grace short
     signal: int | None = None  # the first stop signal, if one came
+    abort_signal: int | None = None  # the signal that cut the grace short (aborted)
     drained: bool | None = None  # until_empty: the queue was drained (None otherwise)
 
     def as_dict(self) -> dict[str, Any]:
@@ -189,6 +190,7 @@ def _result(
         opts.db,
         aborted=aborted,
         signal=stopped_by[0] if stopped_by else None,
+        abort_signal=stopped_by[-1] if aborted and stopped_by else None,
         # Drained only if the transport saw the queue empty: a stop (signal, deadline)
         # that came first leaves the batch unfinished, whatever it had settled.
         drained=transport.drained if opts.until_empty else None,

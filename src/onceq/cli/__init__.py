@@ -19,7 +19,8 @@ EPILOG = (
     " writable, 130 interrupted (SIGINT), 143 stopped (SIGTERM). `dirq lag` keeps a"
     " monitor's contract: 0 within, 1 over, 2 for any bad argument (a missing folder too)."
     " Signals: a consumer that runs until it is stopped (mq consume) exits 0 after"
-    " SIGTERM, SIGINT or --max-seconds; a batch that is to finish a queue (dirq consume)"
+    " SIGTERM, SIGINT or --max-seconds; a batch that is to finish a queue (dirq consume,"
+    " mq consume --until-empty)"
     " exits 130/143 when a signal stops it, so a script knows it did not finish."
 )
 

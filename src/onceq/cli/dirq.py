@@ -27,7 +27,7 @@ def dirq() -> None:
 
     \b
     Example:
-      onceq dirq init ./q --from ./fixtures
+      onceq dirq init ./q --from ./fixtures/orders   # after: onceq sample ./fixtures
       onceq dirq consume ./q
       onceq dirq lag ./q 100
     """
@@ -43,7 +43,7 @@ def init(qdir: Path, source: Path | None) -> None:
 
     \b
     Example:
-      onceq dirq init ./q --from ./fixtures
+      onceq dirq init ./q --from ./fixtures/orders   # after: onceq sample ./fixtures
     """
     from onceq.dirq.queue import DirQueue
 

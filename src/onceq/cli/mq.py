@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -207,14 +208,14 @@ def consume(
     if until_empty and not result.drained:
         _unfinished_batch(result.signal, max_seconds)
     if result.aborted:
-        # Exit as an interrupted command: the run did not finish its in-flight claims.
+        # Exit as an interrupted command (128 + the signal that cut the grace short:
+        # 130 SIGINT, 143 SIGTERM): the run did not finish its in-flight claims.
         fail("interrupted by a second signal; in-flight claims return to claim.in")
-        raise SystemExit(130)
+        raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
 
 
 def _unfinished_batch(signum: int | None, max_seconds: float | None) -> None:
     """Exit as a batch that did not finish: 128 + the signal, or 1 for the deadline."""
-    import signal
 
     if signum is not None:
         name = signal.Signals(signum).name

@@ -99,4 +99,7 @@ def print_run_summary(stats: Stats, head: str = "", tail: str = "") -> None:
 def note_new_ledger(path: object) -> None:
     """Say that this run made a new ledger: it has seen no message, so a queue it is put
     in front of is applied again. On stderr (stdout may be JSON), once per run."""
-    sys.stderr.write(f"onceq: new ledger at {path}: no message seen before\n")
+    # On a terminal a progress line may be drawn: start at column 0 on a clean line, so
+    # the note is a line of its own (the progress line is redrawn below it).
+    clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
+    sys.stderr.write(f"{clear}onceq: new ledger at {path}: no message seen before\n")

@@ -51,10 +51,13 @@ class StatusLine:
     def text(self) -> str:
         s = self.stats
         elapsed = max(time.monotonic() - self.started, 1e-9)
+        # The count and the rate first, the label (a queue's path may be long) last:
+        # the line is cut at the terminal's width, and what is cut must be the least
+        # needed part, not the rate on an 80-column terminal.
         return (
-            f"{self.label}: {s.received} settled: {s.processed} processed,"
-            f" {s.duplicates} duplicates, {s.requeued} requeued, {s.dead} {s.dead_word}"
-            f" · {s.received / elapsed:.0f} msg/s · {elapsed:.0f}s"
+            f"{s.received} settled · {s.received / elapsed:.0f} msg/s · {elapsed:.0f}s ·"
+            f" {s.processed} processed, {s.duplicates} duplicates, {s.requeued} requeued,"
+            f" {s.dead} {s.dead_word} · {self.label}"
         )
 
     def draw(self) -> None:

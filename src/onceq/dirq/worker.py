@@ -32,6 +32,7 @@ from pathlib import Path
 
 from onceq import faults
 from onceq.dirq.files import is_message_name, link_no_clobber, open_dir
+from onceq.dirq.message import DEFAULT_MAX_BYTES
 from onceq.dirq.queue import FOLDERS, DirQueue
 from onceq.errors import QueueError
 from onceq.transport import Delivery, Settle
@@ -46,7 +47,11 @@ UNBORN_GRACE_S = 60.0
 class Worker:
     """One consumer's claim folder, lock and the Transport over it."""
 
-    def __init__(self, queue: DirQueue, max_bytes: int) -> None:
+    # A directory queue never redelivers: what fails is quarantined at once (putting it
+    # back in inbox/ would be the poison loop), so one try is all a message gets here.
+    max_attempts = 1
+
+    def __init__(self, queue: DirQueue, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.queue = queue.check()
         self.max_bytes = max_bytes  # larger files are never read into memory
         self.processing = queue.folder("processing")

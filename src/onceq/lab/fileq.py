@@ -68,12 +68,14 @@ def consume_and_report(qdir: Path) -> dict[str, Any]:
     from onceq.ledger import Ledger
 
     queue = DirQueue(qdir).check()
+    new_ledger = not queue.default_db.exists()
     stats = consume(qdir)
     with Ledger(queue.default_db) as ledger:
         dup, err = write_report(queue, ledger)
         rows = ledger.counts()["processed"]
     return {
         "run": stats.as_dict(),
+        "new_ledger": new_ledger,
         "folders": queue.counts(),
         "processed_rows": rows,
         "dup": str(dup),
@@ -85,7 +87,8 @@ def summary_line(qdir: Path, outcome: dict[str, Any]) -> str:
     run, folders = outcome["run"], outcome["folders"]
     return (
         f"{qdir}: {run['received']} received, {run['processed']} processed,"
-        f" {run['duplicates']} duplicates, {run['quarantined']} quarantined;"
+        f" {run['duplicates']} duplicates, {run['recovered']} recovered,"
+        f" {run['quarantined']} quarantined;"
         f" inbox {folders['inbox']}, done {folders['done']}, error {folders['error']};"
         f" {outcome['processed_rows']} ledger rows"
     )
@@ -98,6 +101,13 @@ def consume_main(qdir: Path) -> int:
     except OnceqError as exc:
         sys.stderr.write(f"consume.py: {redact_text(str(exc))}\n")
         return exc.exit_code
+    if outcome["new_ledger"]:  # said as `onceq dirq consume` says it: stderr, one line
+        db = qdir / "ledger.db"
+        sys.stderr.write(f"consume.py: new ledger at {db}: no message seen before\n")
+    run = outcome["run"]
+    if run["all_failed"]:  # a wholly failed run must not pass for a finished one
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(run["reasons"].items()))
+        print(f"every message failed: {run['quarantined']} quarantined ({reasons})")
     print(summary_line(qdir, outcome))
     return 0
 
