@@ -145,7 +145,7 @@ def test_the_signal_rule_is_in_the_help_of_both_consumers() -> None:
     assert "exits 130 (SIGINT) or 143 (SIGTERM)" in dirq
     assert "SIGTERM, SIGINT or --max-seconds" in mq and "exit 0" in mq
     assert "runs until it is stopped (mq consume) exits 0" in top
-    assert "(dirq consume) exits 130/143" in top
+    assert "(dirq consume, mq consume --until-empty) exits 130/143" in top
 
 
 @pytest.mark.broker
