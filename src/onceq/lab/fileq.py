@@ -83,19 +83,24 @@ def consume_and_report(qdir: Path) -> dict[str, Any]:
     }
 
 
-def summary_line(qdir: Path, outcome: dict[str, Any]) -> str:
-    run, folders = outcome["run"], outcome["folders"]
-    return (
-        f"{qdir}: {run['received']} received, {run['processed']} processed,"
-        f" {run['duplicates']} duplicates, {run['recovered']} recovered,"
-        f" {run['quarantined']} quarantined;"
-        f" inbox {folders['inbox']}, done {folders['done']}, error {folders['error']};"
+def summary_lines(qdir: Path, outcome: dict[str, Any]) -> list[str]:
+    """The run's summary as `onceq dirq consume` words it (`run_summary`: the same counts,
+    the all-failed first line), with the folders and ledger rows the exercise checks."""
+    from onceq.cli.output import run_summary
+    from onceq.consumer import Stats
+
+    stats = Stats(dead_word="quarantined")
+    stats.merge(outcome["run"])
+    folders = outcome["folders"]
+    tail = (
+        f"; inbox {folders['inbox']}, done {folders['done']}, error {folders['error']};"
         f" {outcome['processed_rows']} ledger rows"
     )
+    return run_summary(stats, head=f"{qdir}: ", tail=tail)
 
 
 def consume_main(qdir: Path) -> int:
-    """consume.py's body: one summary line, or one error line and its exit code."""
+    """consume.py's body: the summary, or one error line and its exit code."""
     try:
         outcome = consume_and_report(qdir)
     except OnceqError as exc:
@@ -104,11 +109,8 @@ def consume_main(qdir: Path) -> int:
     if outcome["new_ledger"]:  # said as `onceq dirq consume` says it: stderr, one line
         db = qdir / "ledger.db"
         sys.stderr.write(f"consume.py: new ledger at {db}: no message seen before\n")
-    run = outcome["run"]
-    if run["all_failed"]:  # a wholly failed run must not pass for a finished one
-        reasons = ", ".join(f"{k} {v}" for k, v in sorted(run["reasons"].items()))
-        print(f"every message failed: {run['quarantined']} quarantined ({reasons})")
-    print(summary_line(qdir, outcome))
+    for line in summary_lines(qdir, outcome):
+        print(line)
     return 0
 
 
@@ -194,7 +196,8 @@ def run(root: Path, *, fixtures: Path | None, no_run: bool, as_json: bool) -> No
     if no_run:
         out.print(f"Next: python3 {q / 'consume.py'}", markup=False)
         return
-    out.print(summary_line(q, result), markup=False)
+    for line in summary_lines(q, result):
+        out.print(line, markup=False)
     out.print(
         f"order-result.txt: {result['order_result']}; reports: dup.txt, error.csv", markup=False
     )
