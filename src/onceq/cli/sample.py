@@ -18,8 +18,9 @@ def sample(dest: Path, as_json: bool) -> None:
     The orders are the directory-queue sample (3 re-sent copies, 1 file that does
     not parse, 1 missing its amount); the claims are the RabbitMQ sample (1 re-sent
     copy, 1 without docs, 1 BUSY); the 8 invoices are the "your own flow" example
-    (1 re-sent copy, 1 negative total, 1 BUSY customer, 1 without an id). Refused with exit 4, nothing copied, when any
-    of the target files exists already.
+    (1 re-sent copy, 1 negative total, 1 BUSY customer, 1 without an id).
+    Refused with exit 4, nothing copied, when any of the target files exists
+    already.
 
     \b
     Example:
