@@ -153,6 +153,9 @@ class MessageSpec:
             _split(name, "types")
             if rule not in TYPES:
                 raise UsageError(f"message spec: types.{name}: {rule!r} is not one of {TYPES}")
+        if self.seq_field is not None and self.types.get(self.seq_field, "integer") != "integer":
+            # The ledger stores seq as an INTEGER and order-check compares it as one.
+            raise UsageError(f"message spec: types.{self.seq_field}: the seq field is an integer")
         object.__setattr__(self, "required", tuple(self.required))
         object.__setattr__(self, "keep", tuple(self.keep))
         idp = None if self.id_field is None else _split(self.id_field, "id_field")
