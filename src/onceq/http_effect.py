@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
@@ -146,7 +146,7 @@ class HttpEffect:
         timeout: float = 10.0,
         concurrency: int = 5,
     ) -> None:
-        from onceq.amqp.url import check_url
+        from onceq.amqp.url import check_url, shown
 
         self.url = url
         self.method = str(method).upper()
@@ -154,9 +154,11 @@ class HttpEffect:
             raise UsageError(f"method: {method!r} is not an HTTP method")
         names = _PLACEHOLDER.findall(url)
         self._fields = [(n, _split(n, "URL placeholder")) for n in names]
-        # Checked with each placeholder as a plain letter: a placeholder in the host or
-        # port would be a URL that only some messages can reach.
+        # Checked with each placeholder as a plain letter; a placeholder in the host or
+        # port is refused: it would be a partner that only some messages can reach.
         check_url(_PLACEHOLDER.sub("x", url), "url ", ("http", "https"), "a partner's port")
+        if names and "{" in urlsplit(url).netloc:
+            raise UsageError(f"url {shown(url)}: a {{field}} may stand in the path or query only")
         self._parts = _PLACEHOLDER.split(url)  # literal, name, literal, name, ... literal
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise UsageError(f"timeout: {timeout!r} is not a positive number of seconds")
