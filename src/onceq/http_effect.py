@@ -176,7 +176,8 @@ class HttpEffect:
         if idempotency_header is not None and not _HEADER_NAME.fullmatch(idempotency_header):
             raise UsageError(f"idempotency header {idempotency_header!r}: not a header name")
         self.idempotency_header = idempotency_header
-        self._secrets = tuple(sorted({v for v in base.values() if v}, key=len, reverse=True))
+        given = {v for v in (headers or {}).values() if v}
+        self._secrets = tuple(sorted(given, key=len, reverse=True))  # longest first
         self._headers = base
         self._session: Any = None  # made on first use: aiohttp binds it to the running loop
 
