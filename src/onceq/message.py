@@ -69,16 +69,21 @@ TYPES = ("key", "integer", "number", "string", "lenient-number")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 _ABSENT: Any = object()
+Path = str | tuple[str, ...]  # one key, or the keys of a dotted path
 
 
-def _split(path: str, role: str) -> tuple[str, ...]:
+def _split(path: str, role: str) -> Path:
+    """A checked path: a str for a top-level key (the hot path's dict.get), else a tuple."""
     if not isinstance(path, str) or not _PATH.fullmatch(path):
         raise UsageError(f"message spec: {role} {path!r}: not a field path (a.b.c)")
-    return tuple(path.split("."))
+    parts = tuple(path.split("."))
+    return parts[0] if len(parts) == 1 else parts
 
 
-def get_path(doc: Any, path: tuple[str, ...]) -> Any:
+def get_path(doc: Any, path: Path) -> Any:
     """The value at `path` in doc, or `_ABSENT` (an intermediate that is not an object too)."""
+    if path.__class__ is str:
+        return doc.get(path, _ABSENT)
     value = doc
     for key in path:
         if type(value) is not dict:  # json.loads makes dicts only; a list is no object
@@ -159,7 +164,7 @@ class MessageSpec:
         object.__setattr__(self, "required", tuple(self.required))
         object.__setattr__(self, "keep", tuple(self.keep))
         idp = None if self.id_field is None else _split(self.id_field, "id_field")
-        checks: list[tuple[str, tuple[str, ...], str]] = []
+        checks: list[tuple[str, Path, str]] = []
         if self.id_field is not None and not self.id_property:
             checks.append((self.id_field, idp, self.types.get(self.id_field, "id")))  # type: ignore[arg-type]
         for name, rule in self.types.items():
@@ -237,7 +242,11 @@ class MessageSpec:
             if isinstance(got, Outcome):
                 return got
             msg_id = got
-        missing = [n for n, p in self._required if get_path(doc, p) in (None, _ABSENT)]  # type: ignore[attr-defined]
+        missing = [
+            n
+            for n, p in self._required
+            if (doc.get(p, _ABSENT) if p.__class__ is str else get_path(doc, p)) in (None, _ABSENT)
+        ]  # type: ignore[attr-defined]
         if missing:
             return _reject("missing-field", ",".join(missing))
         problem = self._check_types(doc)
@@ -245,7 +254,11 @@ class MessageSpec:
             return _reject("bad-type", problem)
         group = None
         if self._group is not None:  # type: ignore[attr-defined]
-            value = get_path(doc, self._group)  # type: ignore[attr-defined]
+            value = (
+                doc.get(self._group, _ABSENT)
+                if self._group.__class__ is str
+                else get_path(doc, self._group)
+            )  # type: ignore[attr-defined]
             if value is not None and value is not _ABSENT:
                 group = str(value)
         problem = self._check_text(doc, group)
@@ -255,13 +268,19 @@ class MessageSpec:
         if problem:
             return problem
         if msg_id is None:
-            value = get_path(doc, self._id)  # type: ignore[attr-defined]
+            value = (
+                doc.get(self._id, _ABSENT) if self._id.__class__ is str else get_path(doc, self._id)
+            )  # type: ignore[attr-defined]
             if value is _ABSENT:  # needed even when a user leaves it out of required
                 return _reject("missing-field", self.id_field or "")
             msg_id = str(value)
         seq = None
         if self._seq is not None:  # type: ignore[attr-defined]
-            seq = get_path(doc, self._seq)  # type: ignore[attr-defined]
+            seq = (
+                doc.get(self._seq, _ABSENT)
+                if self._seq.__class__ is str
+                else get_path(doc, self._seq)
+            )  # type: ignore[attr-defined]
             seq = None if seq is _ABSENT else seq
         delivery.msg_id = msg_id
         return Outcome(Kind.SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
@@ -273,7 +292,15 @@ class MessageSpec:
             msg_id = prop
         else:  # missing, empty or blank: a publisher that set none; the body decides
             name = self.id_field
-            value = None if self._id is None else get_path(doc, self._id)  # type: ignore[attr-defined]
+            value = (
+                None
+                if self._id is None
+                else (
+                    doc.get(self._id, _ABSENT)
+                    if self._id.__class__ is str
+                    else get_path(doc, self._id)
+                )
+            )  # type: ignore[attr-defined]
             if value is None or value is _ABSENT or (isinstance(value, str) and not value.strip()):
                 return _reject("missing-id", f"no message_id property and no {name}")
             if isinstance(value, bool) or not isinstance(value, str | int):
@@ -289,7 +316,7 @@ class MessageSpec:
     def _check_types(self, doc: dict[str, Any]) -> str | None:
         """The first type problem, as a detail string, or None (types, then ranges)."""
         for name, path, rule in self._checks:  # type: ignore[attr-defined]
-            value = get_path(doc, path)
+            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if value is _ABSENT:
                 continue
             if rule == "id":
@@ -311,7 +338,7 @@ class MessageSpec:
         # Valid JSON, but more than SQLite's INTEGER holds: found here, it is this
         # message's verdict; found at the commit, an OverflowError for the whole group.
         for name, path in self._ranged:  # type: ignore[attr-defined]
-            value = get_path(doc, path)
+            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if _is_int(value) and not fits_int64(value):
                 return f"{name} is outside the 64-bit integer range"
         return None
@@ -327,7 +354,7 @@ class MessageSpec:
                 return f"{self.group_field} holds a lone surrogate"
             return None
         why = "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
-        value = get_path(doc, self._id)  # type: ignore[attr-defined]
+        value = doc.get(self._id, _ABSENT) if self._id.__class__ is str else get_path(doc, self._id)  # type: ignore[attr-defined]
         if isinstance(value, str) and not is_utf8(value):
             return f"{self.id_field} {why}"
         if group is not None and not is_utf8(group):
@@ -338,7 +365,7 @@ class MessageSpec:
         """The kept values by path (absent ones left out), or the rejection of one."""
         kept: dict[str, Any] = {}
         for name, path, lenient in self._keep:  # type: ignore[attr-defined]
-            value = get_path(doc, path)
+            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if value is _ABSENT:
                 continue
             if lenient:
