@@ -180,6 +180,7 @@ class HttpEffect:
         self._secrets = tuple(sorted(given, key=len, reverse=True))  # longest first
         self._headers = base
         self._session: Any = None  # made on first use: aiohttp binds it to the running loop
+        self._static: Any = None  # the parsed URL when it has no placeholder
 
     def __repr__(self) -> str:
         # Header names only: their values may be credentials.
@@ -195,6 +196,11 @@ class HttpEffect:
             import aiohttp
 
             self._aiohttp = aiohttp
+            if not self._fields:
+                # One parsed URL for every call: yarl parses and requotes a str each time.
+                from yarl import URL
+
+                self._static = URL(self.url)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.concurrency),
                 timeout=aiohttp.ClientTimeout(total=self.timeout, connect=min(self.timeout, 5.0)),
@@ -217,10 +223,12 @@ class HttpEffect:
         return "".join(parts)
 
     async def __call__(self, delivery: Delivery, fields: dict[str, Any]) -> Outcome:
-        url = self.target(fields)
-        if isinstance(url, Outcome):
-            return url
         session = self._client()
+        url: Any = self._static
+        if url is None:
+            url = self.target(fields)
+            if isinstance(url, Outcome):
+                return url
         aiohttp = self._aiohttp
         headers = self._headers
         if self.idempotency_header is not None and delivery.msg_id is not None:
