@@ -116,22 +116,32 @@ def _short(value: object) -> str:
 
 
 def _unstorable(value: Any) -> str | None:
-    """Why a kept JSON value cannot be stored (int64, finite, UTF-8 at any depth), or None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return None if fits_int64(value) else "is outside the 64-bit integer range"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else "must be a finite number"
-    if isinstance(value, str):
-        return None if is_utf8(value) else "holds a lone surrogate"
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for k, v in items:
-        if isinstance(k, str) and not is_utf8(k):
-            return "holds a lone surrogate"
-        why = _unstorable(v)
-        if why:
-            return why
+    """Why a kept JSON value cannot be stored (int64, finite, UTF-8 at any depth), or None.
+
+    A walk with a stack, not recursion: a value nested as deeply as json.loads allows
+    would otherwise raise RecursionError here, with the loop's frames on top.
+    """
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, int):
+            if not fits_int64(v):
+                return "is outside the 64-bit integer range"
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return "must be a finite number"
+        elif isinstance(v, str):
+            if not is_utf8(v):
+                return "holds a lone surrogate"
+        elif isinstance(v, dict):
+            for k in v:
+                if isinstance(k, str) and not is_utf8(k):
+                    return "holds a lone surrogate"
+            stack.extend(v.values())
+        else:
+            stack.extend(v)
     return None
 
 
@@ -161,6 +171,8 @@ class MessageSpec:
         if self.seq_field is not None and self.types.get(self.seq_field, "integer") != "integer":
             # The ledger stores seq as an INTEGER and order-check compares it as one.
             raise UsageError(f"message spec: types.{self.seq_field}: the seq field is an integer")
+        # Copies: a caller's list or dict changed later must not desync the plan below.
+        object.__setattr__(self, "types", dict(self.types))
         object.__setattr__(self, "required", tuple(self.required))
         object.__setattr__(self, "keep", tuple(self.keep))
         idp = None if self.id_field is None else _split(self.id_field, "id_field")
@@ -184,6 +196,21 @@ class MessageSpec:
         object.__setattr__(self, "_keep", keep)
         object.__setattr__(self, "_group", group)
         object.__setattr__(self, "_seq", seq)
+
+    def __hash__(self) -> int:
+        # By value, as the generated one would, with `types` (a dict) as sorted items.
+        return hash(
+            (
+                self.id_field,
+                self.id_property,
+                self.required,
+                self.group_field,
+                self.seq_field,
+                self.keep,
+                tuple(sorted(self.types.items())),
+                self.max_bytes,
+            )
+        )
 
     # --- parsing --------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ class OrdersSpec(MessageSpec):
     keep: tuple[str, ...] = ("amount",)
     types: Mapping[str, str] = field(default_factory=_orders_types)
 
+    __hash__ = MessageSpec.__hash__  # the dataclass would make one that hashes a dict
+
 
 ORDERS = OrdersSpec()
 CLAIMS = MessageSpec(

@@ -322,3 +322,25 @@ def test_any_spec_on_any_input_gives_a_verdict_never_an_exception(
             f["group"].encode("utf-8")
     else:
         assert out.kind is Kind.REJECTED and out.reason and d.msg_id is None
+
+
+def test_a_deeply_nested_kept_value_is_checked_without_recursion() -> None:
+    """As deep as json.loads allows: the storability walk must not raise RecursionError."""
+    depth = 900
+    body = b'{"id": "1", "k": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+    spec = MessageSpec(id_field="id", keep=("k",))
+    out = spec.decode(Delivery(body=body, ref="r", headers={}))
+    assert out.kind is Kind.SUCCESS
+    bad = body.replace(b"1]", str(2**64).encode() + b"]", 1)
+    out = spec.decode(Delivery(body=bad, ref="r", headers={}))
+    assert (out.reason, out.detail) == ("bad-type", "k is outside the 64-bit integer range")
+
+
+def test_a_spec_is_a_value_hashable_and_not_changed_by_its_caller_s_dict() -> None:
+    types = {"a": "integer"}
+    spec = MessageSpec(types=types)
+    types["a"] = "string"
+    assert spec.types == {"a": "integer"}
+    assert _decode(spec, {"msg_id": "1", "a": "x"})[1].reason == "bad-type"
+    assert hash(ORDERS) == hash(OrdersSpec()) and {ORDERS: 1}[OrdersSpec()] == 1
+    assert MessageSpec(types={"a": "key"}) == MessageSpec(types={"a": "key"})
