@@ -18,6 +18,7 @@ from aiohttp import web
 from mq_support import partner
 from onceq.http_effect import HttpEffect, StatusMap
 from onceq.message import MessageSpec
+from onceq.presets import CLAIMS, claims_http
 from onceq.transport import Delivery, Kind
 from support import free_port
 
@@ -288,3 +289,29 @@ def test_the_pool_holds_concurrency_connections_and_no_more() -> None:
     outs, seen = _with_server(body, delay=0.2)
     assert all(o.kind is Kind.SUCCESS for o in outs)
     assert seen.peak == 2 and len(seen.requests) == 6
+
+
+def test_the_claims_preset_against_the_claim_system_as_0_1_0() -> None:
+    """201 only is a success, 422 a rejection, 503 transient; the key is the message_id."""
+    with partner() as p:
+
+        async def main() -> list[Any]:
+            effect = claims_http(p.url)
+            outs = []
+            try:
+                for guid, claim_id, docs in [("g1", "C1", ["a"]), ("g2", "C2", []),
+                                             ("g3", "BUSY-1", ["a"])]:  # fmt: skip
+                    body = json.dumps({"guid": guid, "claimId": claim_id, "docs": docs}).encode()
+                    d = Delivery(body=body, ref="1", headers={"message_id": guid})
+                    decoded = CLAIMS.decode(d)
+                    outs.append(await effect(d, decoded.fields))
+            finally:
+                await effect.aclose()
+            return outs
+
+        ok, refused, busy = asyncio.run(main())
+        stats = p.stats()
+    assert ok.kind is Kind.SUCCESS and "partner_duplicate" not in ok.fields
+    assert (refused.kind, refused.reason) == (Kind.REJECTED, "http-422")
+    assert (busy.kind, busy.reason) == (Kind.TRANSIENT, "http-503")
+    assert stats["by_key"] == {"g1": 1, "g2": 1, "g3": 1}
