@@ -219,20 +219,30 @@ class HttpEffect:
             value = get_path(doc, path)
             if value is None or value is _ABSENT:
                 return Outcome(Kind.REJECTED, "missing-field", name)
-            parts[2 * i + 1] = quote(str(value), safe="")
+            try:
+                parts[2 * i + 1] = quote(str(value), safe="")
+            except UnicodeEncodeError:  # "\ud800" is legal JSON, not UTF-8: no URL holds it
+                return Outcome(Kind.REJECTED, "encoding", f"{name} holds a lone surrogate")
         return "".join(parts)
 
     async def __call__(self, delivery: Delivery, fields: dict[str, Any]) -> Outcome:
-        session = self._client()
-        url: Any = self._static
-        if url is None:
+        url: Any = None
+        if self._fields:
             url = self.target(fields)
             if isinstance(url, Outcome):
                 return url
-        aiohttp = self._aiohttp
         headers = self._headers
-        if self.idempotency_header is not None and delivery.msg_id is not None:
-            headers = {**headers, self.idempotency_header: delivery.msg_id}
+        key = delivery.msg_id
+        if self.idempotency_header is not None and key is not None:
+            if CONTROL_CHARS.search(key):
+                # A spec that allows it (the orders preset) can hand one over; aiohttp would
+                # raise a ValueError on every try. The same bytes fail every time: dead.
+                return Outcome(Kind.REJECTED, "bad-id", "the id holds a control character")
+            headers = {**headers, self.idempotency_header: key}
+        session = self._client()
+        aiohttp = self._aiohttp
+        if url is None:
+            url = self._static
         try:
             async with session.request(
                 self.method, url, data=delivery.body, headers=headers

@@ -98,6 +98,22 @@ def test_a_placeholder_without_its_field_rejects_the_message(doc: dict) -> None:
     assert (out.kind, out.reason, out.detail) == (Kind.REJECTED, "missing-field", "customer.name")
 
 
+def test_what_no_request_can_carry_is_that_message_s_rejection() -> None:
+    """An id with a control character (the orders preset allows one) cannot be a header
+    value, a lone surrogate cannot be in a URL: dead at once, no request, no exception."""
+    e = HttpEffect("http://127.0.0.1:1/api/{customer}")
+    d = Delivery(body=b"{}", ref="r", msg_id="a\nb")
+    out = asyncio.run(e(d, {"doc": {"customer": "c"}}))
+    assert (out.kind, out.reason) == (Kind.REJECTED, "bad-id")
+    d = Delivery(body=b"{}", ref="r", msg_id="m")
+    out = asyncio.run(e(d, {"doc": {"customer": "\ud800"}}))
+    assert (out.kind, out.reason, out.detail) == (
+        Kind.REJECTED,
+        "encoding",
+        "customer holds a lone surrogate",
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "kwargs", "says"),
     [
