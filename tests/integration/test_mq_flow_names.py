@@ -149,7 +149,7 @@ def test_publish_invoices_with_their_own_id_exchange_and_key(amqp_url: str, tmp_
 
     human = cli(amqp_url, "mq", "publish", str(files[0]), *TO_INVOICE, "--id-field", "invoiceId")
     assert human.returncode == 0, human.stderr
-    assert human.stdout.strip() == "published 1 message(s) to exchange invoice, all confirmed"
+    assert human.stdout.strip() == "published 1 message(s) to invoice, all confirmed"
 
 
 def test_a_dotted_id_field_and_the_default_exchange(amqp_url: str, tmp_path: Path) -> None:
@@ -298,3 +298,21 @@ def test_the_consumer_names_the_missing_queue(amqp_url: str) -> None:
 
     with pytest.raises(NotFound, match=r"^queue invoice\.in: not found"):
         asyncio.run(go())
+
+
+def test_without_options_the_claims_preset_prints_what_it_always_did(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    v = amqp_url.rsplit("/", 1)[1]
+    r = cli(amqp_url, "mq", "topology")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"topology ready in vhost {v!r}: 6 objects, 4 created: exchange eai.claim,"
+        " exchange eai.dlx, queue claim.in, queue claim.dead"
+    )
+    [f] = invoices(tmp_path, [{"guid": "g-1", "claimId": "C-1", "docs": ["a"]}])
+    r = cli(amqp_url, "mq", "publish", str(f))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "published 1 claim(s) to eai.claim, all confirmed"
+    [(_, props, _)] = get_all(amqp_url, "claim.in")
+    assert props.message_id == "g-1"

@@ -168,7 +168,7 @@ def publish(
     """
     import asyncio
 
-    from onceq.amqp.publisher import check_target, exchange_label, load_messages
+    from onceq.amqp.publisher import check_target, load_messages
     from onceq.amqp.publisher import publish as do_publish
     from onceq.errors import UsageError
 
@@ -183,14 +183,15 @@ def publish(
     if as_json:
         emit_json(report.as_dict())
         return
-    # "claim(s)" stays the claims preset's word; any other target says message(s).
+    # The claims preset's line is today's, word for word; any other target says message(s).
     noun = (
         "claim(s)"
         if (exchange, routing_key, id_field) == ("eai.claim", "claim", "guid")
         else "message(s)"
     )
     console().print(
-        f"published {report.published} {noun} to {exchange_label(exchange)}, all confirmed",
+        f"published {report.published} {noun} to {exchange or 'the default exchange'},"
+        " all confirmed",
         markup=False,
     )
 
