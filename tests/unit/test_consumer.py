@@ -24,7 +24,7 @@ def decode(d: Delivery) -> Outcome:
     except ValueError:
         return Outcome(Kind.REJECTED, "parse")
     d.msg_id = doc["id"]
-    return Outcome(Kind.SUCCESS, fields={"order_no": doc.get("kind"), "seq": doc.get("n")})
+    return Outcome(Kind.SUCCESS, fields={"group": doc.get("kind"), "seq": doc.get("n")})
 
 
 def msg(msg_id: str, kind: str = "ok", n: int = 1) -> bytes:
@@ -49,7 +49,7 @@ class Partner:
             await asyncio.sleep(self.delay)
         finally:
             self.active -= 1
-        kind = fields["order_no"]
+        kind = fields["group"]
         if kind == "reject":
             return Outcome(Kind.REJECTED, "http-422")
         if kind == "busy":
@@ -188,9 +188,9 @@ def test_a_ledger_failure_stops_the_run_and_settles_nothing(tmp_path: Path) -> N
     for i in range(10):
         t.publish(msg(f"m{i}"))
     with Ledger(db) as ledger:
-        ledger._write.execute("DROP TABLE processed")  # every SUCCESS insert now fails hard
+        ledger._write.execute("DROP TABLE messages")  # every SUCCESS insert now fails hard
         ledger._write.execute("DROP TABLE duplicates")
-        ledger._write.execute("CREATE TABLE processed (x)")
+        ledger._write.execute("CREATE TABLE messages (x)")
         with pytest.raises(LedgerError):
             run(t, ledger, Partner())
     assert t.acked == [] and t.dead == [] and t.requeued == []
@@ -205,7 +205,7 @@ def test_a_failed_commit_stops_the_run_and_settles_nothing(tmp_path: Path) -> No
         with pytest.raises(LedgerError):
             run(t, ledger, Partner())
         # the group was rolled back as one: m1's row went with the poison's record
-        assert ledger.query("SELECT count(*) FROM processed")[1] == [(0,)]
+        assert ledger.query("SELECT count(*) FROM messages")[1] == [(0,)]
     assert t.acked == [] and t.dead == [] and t.requeued == []
 
 

@@ -29,7 +29,8 @@ def test_a_normal_message_sets_its_id_and_fields() -> None:
     d, out = _decode(_with(amount=12.5))
     assert out.kind is Kind.SUCCESS
     assert d.msg_id == "m-1"
-    assert out.fields == {"order_no": "A-1", "seq": 1, "amount": 12.5}
+    doc = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 12.5}
+    assert out.fields == {"group": "A-1", "seq": 1, "kept": {"amount": 12.5}, "doc": doc}
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,14 @@ def decode(delivery: Delivery) -> Outcome:
     if order_no is not None and not is_utf8(order_no):
         return Outcome(Kind.REJECTED, "encoding", "claimId holds a lone surrogate")
     delivery.msg_id = msg_id
-    return Outcome(Kind.SUCCESS, fields={"order_no": order_no, "amount": amount})
+    # The ledger's contract (issue 7): group, seq, kept (stored as JSON), doc (never stored).
+    fields = {
+        "group": order_no,
+        "seq": None,
+        "kept": {} if amount is None else {"amount": amount},
+        "doc": doc,
+    }
+    return Outcome(Kind.SUCCESS, fields=fields)
 
 
 # C0 controls and DEL: not allowed in an HTTP header value (aiohttp refuses CR/LF).

@@ -152,9 +152,12 @@ def decode(delivery: Delivery, spec: MessageSpec) -> Outcome:
         return _reject("missing-field", spec.id_field)
     delivery.msg_id = str(doc[spec.id_field])
     order_no = doc.get("order_no")
+    amount = doc.get("amount")
+    # The ledger's contract (issue 7): group, seq, kept (stored as JSON), doc (never stored).
     fields = {
-        "order_no": None if order_no is None else str(order_no),
+        "group": None if order_no is None else str(order_no),
         "seq": doc.get(spec.seq_field),
-        "amount": doc.get("amount"),
+        "kept": {} if amount is None else {"amount": amount},
+        "doc": doc,
     }
     return Outcome(Kind.SUCCESS, fields=fields)
