@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from onceq.dirq.order import DEFAULT_SQL, run_check
 from onceq.errors import LedgerError, NotFound, UsageError
 from onceq.ledger import Entry, Ledger
 from onceq.processed_table import PROCESSED_TABLE
@@ -260,3 +261,17 @@ def test_the_preset_table_costs_one_statement_per_group(tmp_path: Path) -> None:
         inserts = [s for s in seen if s.lstrip().upper().startswith("INSERT")]
         assert [s.split("(")[0].split()[-1] for s in inserts] == ["messages", "processed"]
         assert ledger.query("SELECT count(*), sum(amount) FROM processed")[1] == [(300, 44850.0)]
+
+
+def test_order_check_reads_the_flows_own_group_and_seq(tmp_path: Path) -> None:
+    """flow_sql over messages finds what the exercise's query finds over processed."""
+    rows = [("m1", "A", 1), ("m2", "A", 2), ("m3", "A", 2), ("m4", "A", 5), ("m5", "B", None)]
+    path = tmp_path / "l.db"
+    with Ledger(path, sql=PROCESSED_TABLE) as orders, Ledger(path, flow="other") as other:
+        orders.commit([success(m, f"{m}.json", group=g, seq=s) for m, g, s in rows])
+        other.commit([success("x1", "x", group="A", seq=9)])  # another flow: not checked
+        exercise = orders.query(DEFAULT_SQL)
+        assert run_check(orders) == exercise
+        assert exercise[1][0] == ("A", "repeated", 2, 2, 2, "m2 m3")
+        cols, found = run_check(other, group_label="customer")
+        assert cols[0] == "customer" and found == [("A", "gap", 1, 8, 8, "")]
