@@ -28,21 +28,12 @@ from onceq import ledger_sql
 from onceq.effect import SqlEffect
 from onceq.errors import LedgerError, UsageError
 from onceq.ledger_db import connect, connect_or_create, deny_attach
+from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure, record_successes
 from onceq.ledger_values import is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
-# Rows per multi-row INSERT: 9 parameters each stays far below SQLite's limit of
-# 32766 bound parameters; one statement instead of one per message.
-BULK_ROWS = 500
-
 FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_FLOW = "default"
-
-_INSERT = (
-    "INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at,"
-    " source, ref) VALUES "
-)
-_ROW = "(?,?,?,?,?,?,?,?,?)"
 
 
 def utcnow() -> str:
@@ -328,7 +319,7 @@ class Ledger:
         conn.execute("RELEASE entry")
 
     def _write_entries(self, conn: sqlite3.Connection, entries: list[Entry], now: str) -> None:
-        won, lost = self._record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS])
+        won, lost = record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS])
         ledger_sql.apply(self, conn, won)
         if lost and any(w.kind is not Kind.SUCCESS for w in won):
             # A second copy in this group lost to a winner whose effect then failed:
@@ -339,144 +330,12 @@ class Ledger:
                     ledger_sql.same_verdict(e, w)
         for e in entries:
             if e.kind is Kind.DUPLICATE:
-                self._record_duplicate(conn, e, now)
+                record_duplicate(conn, self.flow, self.source, e, now)
             elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                if self._failure_recorded(conn, e):
+                if failure_recorded(conn, self.flow, self.source, e):
                     e.recovered = True
-                    continue
-                conn.execute(
-                    "INSERT INTO failures (flow, msg_id, ref, source, reason, detail, attempt,"
-                    " action, at) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (
-                        self.flow,
-                        # A failure row is the record of a message that went wrong, so
-                        # nothing in it may be refused: texts go through `text`.
-                        text(e.delivery.msg_id),
-                        text(e.delivery.ref),
-                        self.source,
-                        text(e.reason),
-                        text(e.detail),
-                        e.attempt,
-                        "requeue" if e.settle is Settle.REQUEUE else "dead",
-                        now,
-                    ),
-                )
-
-    def _record_successes(
-        self, conn: sqlite3.Connection, group: list[Entry]
-    ) -> tuple[list[Entry], list[Entry]]:
-        """Insert the `messages` rows of a group, many per statement; (won, lost).
-
-        One multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk: the rows
-        it returns are the copies that took effect; every other entry lost to the
-        primary key (an earlier row, or an earlier copy in the same statement) and
-        becomes a DUPLICATE. A chunk in which the database refuses a row, or in which
-        two entries could not be told apart by (msg_id, ref), goes row by row.
-        """
-        won: list[Entry] = []
-        lost: list[Entry] = []
-        for i in range(0, len(group), BULK_ROWS):
-            chunk = group[i : i + BULK_ROWS]
-            keys = [(e.row[1], e.row[8]) for e in chunk]
-            if len(set(keys)) < len(keys):
-                for e in chunk:
-                    self._record_success(conn, e, won, lost)
-                continue
-            args: list[Any] = []
-            for e in chunk:
-                args += e.row
-            try:
-                back = set(
-                    conn.execute(
-                        _INSERT
-                        + ",".join([_ROW] * len(chunk))
-                        + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref",
-                        args,
-                    ).fetchall()
-                )
-            except sqlite3.Error:
-                if not conn.in_transaction:
-                    raise
-                for e in chunk:  # the statement was undone: find the row it refused
-                    self._record_success(conn, e, won, lost)
-                continue
-            for e, key in zip(chunk, keys, strict=True):
-                if key in back:
-                    won.append(e)
-                else:  # the primary key refused a second copy
-                    e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
-                    lost.append(e)
-        return won, lost
-
-    def _record_success(
-        self, conn: sqlite3.Connection, e: Entry, won: list[Entry], lost: list[Entry]
-    ) -> None:
-        # No SAVEPOINT around the insert (it cost two statements per message): when a
-        # statement breaks a constraint, SQLite undoes that statement alone and keeps
-        # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
-        # would give. Only a constraint (a CHECK, a trigger's RAISE) refuses *this
-        # message*; any other error (disk full, I/O, a broken trigger or schema) is the
-        # ledger's and is re-raised: the group fails as one and its files stay for the
-        # next run, instead of every good message being quarantined.
-        try:
-            row = conn.execute(
-                _INSERT + _ROW + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id", e.row
-            ).fetchone()
-        except sqlite3.IntegrityError as exc:
-            if not conn.in_transaction:
-                raise
-            e.kind, e.settle = Kind.REJECTED, Settle.DEAD
-            e.reason, e.detail = "ledger-refused", str(exc)
-            return
-        if row is None:  # the primary key refused a second copy
-            e.kind = Kind.DUPLICATE
-            e.settle = Settle.ACK
-            lost.append(e)
-        else:
-            won.append(e)
-
-    def _failure_recorded(self, conn: sqlite3.Connection, e: Entry) -> bool:
-        """Did a crashed run already record this very copy's failure?
-
-        Only a redelivered copy with a stable ref can tell (a file taken over from a
-        dead consumer): if its newest failure row is newer than its newest replay,
-        the crash fell between that commit and the move to error/, and only the
-        move is left to do. Without this, every such crash would add a failure row.
-        """
-        d = e.delivery
-        if not (d.redelivered and d.stable_ref):
-            return False
-        row = conn.execute(
-            "SELECT max(at) FROM failures WHERE ref = ? AND flow = ? AND source = ?"
-            " AND action = 'dead'",
-            (text(d.ref), self.flow, self.source),
-        ).fetchone()
-        if row is None or row[0] is None:
-            return False
-        replayed = conn.execute(
-            "SELECT max(at) FROM replays WHERE ref = ? AND flow = ?", (text(d.ref), self.flow)
-        ).fetchone()
-        return replayed is None or replayed[0] is None or replayed[0] < row[0]
-
-    def _record_duplicate(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
-        d = e.delivery
-        row = conn.execute(
-            "SELECT ref, source FROM messages WHERE flow = ? AND msg_id = ?", (self.flow, d.msg_id)
-        ).fetchone()
-        if d.stable_ref and row is not None and row[0] == text(d.ref) and row[1] == self.source:
-            # The row names this very file: we crashed after the commit and before the
-            # move. It is finished work, not a duplicate.
-            e.recovered = True
-            return
-        new = conn.execute(
-            "INSERT INTO duplicates (flow, msg_id, ref, seen_at) VALUES (?,?,?,?)"
-            " ON CONFLICT(flow, msg_id, ref) DO NOTHING RETURNING msg_id",
-            (self.flow, d.msg_id, text(d.ref), now),
-        ).fetchone()
-        if new is None and d.stable_ref and d.redelivered:
-            # This very copy (a file taken over from a dead consumer) was already
-            # recorded as a duplicate before the crash: only its move was left.
-            e.recovered = True
+                else:
+                    record_failure(conn, self.flow, self.source, e, now)
 
     def record_replay(self, ref: str) -> None:
         with self._transaction() as conn:
