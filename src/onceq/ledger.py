@@ -32,6 +32,10 @@ from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure
 from onceq.ledger_values import is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
+# The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
+# SQLite's JSON functions would refuse the row).
+_encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
 FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_FLOW = "default"
 
@@ -294,14 +298,17 @@ class Ledger:
             why = unstorable(value)
             if why:
                 return f"{name}: {why}"
-        try:
-            kept = json.dumps(
-                f.get("kept") or {}, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-            )
-        except (TypeError, ValueError) as exc:
-            return f"kept: {exc}"
-        if not is_utf8(kept):
-            return "kept: text with a lone surrogate"
+        kept_values = f.get("kept")
+        if kept_values:
+            try:
+                # One encoder made once: json.dumps with options builds a new one per call.
+                kept = _encode_kept(kept_values)
+            except (TypeError, ValueError) as exc:
+                return f"kept: {exc}"
+            if not is_utf8(kept):
+                return "kept: text with a lone surrogate"
+        else:
+            kept = "{}"
         dup = 1 if f.get("partner_duplicate") else 0
         e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, text(e.delivery.ref))
         return ""
