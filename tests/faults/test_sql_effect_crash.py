@@ -70,31 +70,41 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 POINTS = ("before-commit", "after-commit-before-settle", "mid-settle", "after-claim")
 
 
-def make_queue(root: Path, n: int, rng: random.Random) -> tuple[set[str], set[str], set[str]]:
-    """(ids that must take effect, files that must be in error/, files for done/)."""
-    assert run_cli("dirq", "init", str(root)).returncode == 0
-    good: set[str] = set()
-    bad_files: set[str] = set()
-    good_files: set[str] = set()
-    ids: list[tuple[str, float]] = []
-    for i in range(n):
-        name = f"inv-{i:05d}.json"
-        roll = rng.random()
-        if roll < 0.02:
-            body = b'{"invoiceId": '
-            bad_files.add(name)
-        else:
-            if ids and roll < 0.15:  # a re-sent copy of an earlier invoice
-                inv, total = rng.choice(ids[-20:])
+class Invoices:
+    """Writes invoice files into a queue's inbox and knows what they must come to."""
+
+    def __init__(self, root: Path, rng: random.Random) -> None:
+        assert run_cli("dirq", "init", str(root)).returncode == 0
+        self.root, self.rng, self.n = root, rng, 0
+        self.good: set[str] = set()  # ids that must take effect, once each
+        self.bad_files: set[str] = set()  # files that must end in error/
+        self.good_files: set[str] = set()  # files that must end in done/
+        self.ids: list[tuple[str, float]] = []
+
+    def add(self, count: int) -> None:
+        """`count` more files: 2% not JSON, ~13% re-sent copies of recent invoices
+        (maybe already consumed by an earlier run), 3% invoices the function rejects."""
+        rng = self.rng
+        for _ in range(count):
+            i, self.n = self.n, self.n + 1
+            name = f"inv-{i:05d}.json"
+            roll = rng.random()
+            if roll < 0.02:
+                body = b'{"invoiceId": '
+                self.bad_files.add(name)
             else:
-                inv, total = f"INV-{i}", (-1.0 if roll > 0.97 else round(rng.random() * 100, 2))
-                ids.append((inv, total))
-            body = json.dumps({"invoiceId": inv, "customer": f"C{i % 7}", "total": total}).encode()
-            (bad_files if total < 0 else good_files).add(name)
-            if total >= 0:
-                good.add(inv)
-        (root / "inbox" / name).write_bytes(body)
-    return good, bad_files, good_files
+                if self.ids and roll < 0.15:
+                    inv, total = rng.choice(self.ids[-20:])
+                else:
+                    total = -1.0 if roll > 0.97 else round(rng.random() * 100, 2)
+                    inv = f"INV-{i}"
+                    self.ids.append((inv, total))
+                doc = {"invoiceId": inv, "customer": f"C{i % 7}", "total": total}
+                body = json.dumps(doc).encode()
+                (self.bad_files if total < 0 else self.good_files).add(name)
+                if total >= 0:
+                    self.good.add(inv)
+            (self.root / "inbox" / name).write_bytes(body)
 
 
 def start(script: Path, root: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -110,39 +120,37 @@ def start(script: Path, root: Path, env: dict[str, str] | None = None) -> subpro
 def test_sql_effect_is_exactly_once_across_kill_9(tmp_path: Path) -> None:
     rng = random.Random(11)
     root = tmp_path / "q"
-    good, bad_files, good_files = make_queue(root, 5000, rng)
+    inv = Invoices(root, rng)
     script = tmp_path / "consumer.py"
     script.write_text(SCRIPT)
     kills = 0
-    left: list[int] = []
     for round_ in range(24):
+        # Topped up before each run, so every kill lands in the middle of work however
+        # fast the machine drains the queue.
+        if len(os.listdir(root / "inbox")) < 1500:
+            inv.add(1500)
         if round_ % 3 == 0:  # a fault point: the process kills itself at an exact window
             env = {"ONCEQ_FAULT": rng.choice(POINTS), "ONCEQ_FAULT_AFTER": str(rng.randint(1, 9))}
             p = start(script, root, env)
-            _, err = p.communicate(timeout=60)
-            assert p.returncode in (-signal.SIGKILL, 0), err
-            kills += p.returncode == -signal.SIGKILL
-            left.append(len(os.listdir(root / "inbox")))
-            continue
-        p = start(script, root)
-        assert p.stdout is not None and p.stdout.readline() == "ready\n", p.stderr
-        time.sleep(rng.random() * 0.3)
-        p.send_signal(signal.SIGKILL)
-        p.communicate(timeout=30)
-        kills += p.returncode == -signal.SIGKILL
-        left.append(len(os.listdir(root / "inbox")))
-    assert kills >= 20, left
-    assert os.listdir(root / "inbox"), ("the kills must land before the queue is drained", left)
+        else:
+            p = start(script, root)
+            assert p.stdout is not None and p.stdout.readline() == "ready\n", p.stderr
+            time.sleep(rng.random() * 0.3)
+            p.send_signal(signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGKILL, (round_, p.returncode, err)
+        kills += 1
+    assert kills >= 20
     p = start(script, root)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
 
     assert os.listdir(root / "inbox") == []
     assert [d for d in (root / "processing").iterdir() if os.listdir(d)] == []
-    assert set(os.listdir(root / "done")) == good_files
-    assert set(os.listdir(root / "error")) == bad_files
+    assert set(os.listdir(root / "done")) == inv.good_files
+    assert set(os.listdir(root / "error")) == inv.bad_files
     with open_db(root / "ledger.db") as conn:
         business = [r[0] for r in conn.execute("SELECT id FROM invoices")]
         dedup = {r[0] for r in conn.execute("SELECT msg_id FROM messages WHERE flow = 'inv'")}
-    assert sorted(business) == sorted(good)  # each id once: no more, no fewer
-    assert dedup == good
+    assert sorted(business) == sorted(inv.good)  # each id once: no more, no fewer
+    assert dedup == inv.good
