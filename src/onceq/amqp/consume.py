@@ -25,6 +25,7 @@ from typing import Any
 
 from onceq.consumer import Consumer, Stats
 from onceq.ledger import Entry, Ledger
+from onceq.processed_table import PROCESSED_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,9 @@ async def _consume(
         # (down, no vhost, no claim.in) leaves no ledger file behind, and a bad --db is
         # still reported before any delivery is taken.
         await transport.open()
-        ledger = Ledger(opts.db, source="amqp")
+        # The claims preset writes the exercise's `processed` table in the ledger's
+        # transaction (onceq.processed_table), as 0.1.0 did.
+        ledger = Ledger(opts.db, source="amqp", sql=PROCESSED_TABLE)
         if ledger.created and on_new_ledger is not None:
             on_new_ledger(opts.db)
         await transport.start()

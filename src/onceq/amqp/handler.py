@@ -20,12 +20,7 @@ __all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "ClaimHandler", "check_claim_url", "d
 
 def decode(delivery: Delivery) -> Outcome:
     """Set delivery.msg_id from the message_id property (else the body's guid)."""
-    out = CLAIMS.decode(delivery)
-    f = out.fields
-    if f:  # transitional: remove when the v2 ledger lands (it reads group/kept)
-        f["order_no"] = f["group"]
-        f["amount"] = f["kept"].get("amount")
-    return out
+    return CLAIMS.decode(delivery)
 
 
 def check_claim_url(url: str) -> str:

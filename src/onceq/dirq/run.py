@@ -25,6 +25,7 @@ from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
 from onceq.errors import OnceqError, UsageError
 from onceq.ledger import Entry, Ledger
+from onceq.processed_table import PROCESSED_TABLE
 
 # One commit holds up to this many outcomes: large enough that the fsync is paid
 # rarely, small enough that a crash re-runs little and memory stays flat.
@@ -62,7 +63,9 @@ def consume(
     spec = spec or MessageSpec()
     stopped_by: list[int] = []
     with (
-        Ledger(db or queue.default_db, source="dirq") as ledger,
+        # The orders preset writes the exercise's `processed` table in the ledger's
+        # transaction (onceq.processed_table), as 0.1.0 did.
+        Ledger(db or queue.default_db, source="dirq", sql=PROCESSED_TABLE) as ledger,
         Worker(queue, spec.max_bytes) as worker,
     ):
         consumer = Consumer(
@@ -147,7 +150,8 @@ def consume_parallel(
     queue = DirQueue(root).check()
     spec = spec or MessageSpec()
     db_path = str(db or queue.default_db)
-    Ledger(db_path).close()  # create the schema once, before the workers race for it
+    # Create (or migrate) the schema once, before the workers race for it.
+    Ledger(db_path, sql=PROCESSED_TABLE).close()
     if workers == 1:
         return consume(root, db_path, spec)
     ctx = mp.get_context("fork")
