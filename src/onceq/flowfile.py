@@ -105,12 +105,17 @@ class _Mistakes:
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.lines = text.splitlines()
-        self.found: list[str] = []
+        self._found: list[tuple[int, str]] = []
+
+    @property
+    def found(self) -> list[str]:
+        """In the file's order (a mistake with no line last): how a reader fixes them."""
+        return [text for _, text in sorted(self._found, key=lambda x: x[0])]
 
     def add(self, key: str, why: str) -> None:
         line = self.line_of(key)
         where = f"line {line}: " if line else ""
-        self.found.append(f"{self.path}: {where}{key}: {why}")
+        self._found.append((line or 1 << 30, f"{self.path}: {where}{key}: {why}"))
 
     def line_of(self, key: str) -> int | None:
         """The line of `a.b.c`: its `[a.b]` table's `c =` line, else the table's header."""
@@ -300,7 +305,7 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: _Mistakes) -> Flow | None
     from onceq.flow import NAME, DirSource, Flow, RabbitSource
 
     where = f"flows.{name}"
-    before = len(m.found)
+    before = len(m._found)
     if not NAME.fullmatch(name):
         m.add(where, "a flow name is 1-64 of A-Z a-z 0-9 _ . - (starting with a letter or digit)")
     for k in t:
@@ -338,7 +343,7 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: _Mistakes) -> Flow | None
     spec = _spec(t, m, where)
     effect = _effect(t, m, where, base)
     sql = _sql(t, m, where, base)
-    if len(m.found) > before:
+    if len(m._found) > before:
         return None
     return Flow(name, source, spec, effect, sql)
 
