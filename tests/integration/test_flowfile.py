@@ -64,7 +64,9 @@ def test_a_good_file_checks_ok_and_creates_nothing(tmp_path: Path) -> None:
 def test_an_unknown_key_is_named_with_its_line(tmp_path: Path) -> None:
     text = GOOD.replace('keep = ["customer", "total"]', 'keep = ["customer"]\ncolour = "red"')
     lines = _refused(tmp_path, text)
-    assert lines == [f"onceq: {tmp_path / 'flows.toml'}: line 8: flows.invoices.colour: unknown key"]
+    assert lines == [
+        f"onceq: {tmp_path / 'flows.toml'}: line 8: flows.invoices.colour: unknown key"
+    ]
 
 
 def test_a_wrong_type_is_named(tmp_path: Path) -> None:
