@@ -73,7 +73,7 @@ def _recording_partner() -> Iterator[tuple[str, list[str]]]:
     paths: list[str] = []
 
     class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             paths.append(self.path)
             self.send_response(201)
