@@ -31,6 +31,7 @@ from onceq.dirq.worker import Worker
 from onceq.errors import LedgerError
 from onceq.ledger import Entry, Ledger
 from onceq.memory import MemoryTransport
+from onceq.processed_table import PROCESSED_TABLE
 from onceq.transport import Delivery, Kind, Settle
 
 HUGE = "9" * 5000  # over Python's 4300-digit int conversion limit
@@ -131,9 +132,9 @@ def test_amqp_decoder_falls_back_to_the_guid_and_drops_amounts_it_cannot_store()
     d = Delivery(body=b'{"guid": "g-1", "amount": ' + OVER_64.encode() + b"}", ref="r")
     out = amqp.decode(d)
     assert out.kind is Kind.SUCCESS and d.msg_id == "g-1"
-    assert "amount" not in out.fields["kept"]  # SQLite would refuse it; it is only for reports
+    assert out.fields["kept"] == {}  # SQLite would refuse it; it is only for reports
     d = Delivery(body=b'{"guid": "g", "amount": 1e999}', ref="r", headers={"message_id": "p"})
-    assert "amount" not in amqp.decode(d).fields["kept"] and d.msg_id == "p"
+    assert amqp.decode(d).fields["kept"] == {} and d.msg_id == "p"
 
 
 # --- the loop: a decoder that raises --------------------------------------------------
@@ -201,15 +202,19 @@ def test_an_id_the_ledger_cannot_store_is_refused_whatever_the_decoder(tmp_path:
 
 def entry(msg_id: str, ref: str, **fields: Any) -> Entry:
     d = Delivery(body=b"", ref=ref, msg_id=msg_id, stable_ref=True)
-    return Entry(d, Kind.SUCCESS, Settle.ACK, fields={"order_no": "A", "seq": 1, **fields})
+    kept = {"amount": fields.pop("amount")} if "amount" in fields else {}
+    f = {"group": "A", "seq": 1, "kept": kept, **fields}
+    return Entry(d, Kind.SUCCESS, Settle.ACK, fields=f)
 
 
+# seq and group go into `messages`; amount (kept) into the presets' `processed` table.
 UNSTORABLE = [
     {"seq": 2**64},
     {"amount": -(2**63) - 1},
-    {"order_no": "x\ud800"},
+    {"group": "x\ud800"},
     {"seq": {"a": 1}},
     {"amount": [1]},
+    {"kept": {"note": "x\udcff"}},
 ]
 
 
@@ -224,7 +229,7 @@ def test_one_unstorable_row_is_refused_alone_and_the_group_commits(
     if check == "unchecked":
         monkeypatch.setattr("onceq.ledger.unstorable", lambda value: None)
     group = [entry("m-1", "a.json"), entry("m-2", "b.json", **bad), entry("m-3", "c.json")]
-    with Ledger(tmp_path / "l.db") as ledger:
+    with Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE) as ledger:
         ledger.commit(group)
         assert [e.kind for e in group] == [Kind.SUCCESS, Kind.REJECTED, Kind.SUCCESS]
         assert group[1].settle is Settle.DEAD and group[1].reason == "ledger-refused"
@@ -239,7 +244,7 @@ def test_a_database_error_still_fails_the_whole_group(tmp_path: Path) -> None:
     with Ledger(path) as ledger:
         conn = sqlite3.connect(path)
         conn.execute(
-            "CREATE TRIGGER t BEFORE INSERT ON processed BEGIN SELECT * FROM no_such_table; END"
+            "CREATE TRIGGER t BEFORE INSERT ON messages BEGIN SELECT * FROM no_such_table; END"
         )
         conn.commit()
         conn.close()
