@@ -16,7 +16,12 @@ holds /tmp; the filesystem type is printed), then consumes them with:
   process, per file claim (rename) + read + json.loads + the field checks, one
   multi-row INSERT per group of 256 with synchronous=OFF (no fsync at all), a plain
   rename to done/, no folder fsync, no recovery, no failure bookkeeping. No durable
-  consumer can beat it; how close onceq gets says what its guarantees cost.
+  consumer can beat it; how close onceq gets says what its guarantees cost;
+- flow, no effect / flow + SQL effect (issue 7; only where onceq has SqlEffect): the
+  same number of invoice messages ({"invoiceId", "customer", "total"}) through a flow
+  over the directory queue whose effect is the ledger row alone, and through the same
+  flow with a SQL effect that INSERTs one `invoices` row per message in the ledger's
+  transaction (the inbox pattern). Target: the SQL effect keeps >= 0.5 of no effect.
 
 Baseline and onceq are durable on their own terms (every commit is fsynced); the
 ceiling is not. Each consumer runs --repeat times, interleaved, and the best of its
@@ -52,13 +57,24 @@ GROUP = 256  # the ceiling's commit group: onceq's (onceq.dirq.run.GROUP)
 REQUIRED = ("msg_id", "order_no", "seq", "amount")
 
 
-def make_queue(root: Path, n: int) -> Path:
-    """A queue with n message files (one in DUPLICATE_EVERY a re-sent msg_id)."""
+def message_ids(n: int) -> list[int]:
+    """The id number of each of n messages: one in DUPLICATE_EVERY re-sends an earlier one."""
+    return [i // 2 if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 else i for i in range(n)]
+
+
+def make_queue(root: Path, n: int, shape: str = "order") -> Path:
+    """A queue with n message files (one in DUPLICATE_EVERY a re-sent id).
+
+    shape "order": the exercise's messages (msg_id, order_no, seq, amount); "invoice":
+    the issue 7 example's (invoiceId, customer, total), for the flow rows.
+    """
     DirQueue(root).init()
     inbox = root / "inbox"
-    for i in range(n):
-        mid = i // 2 if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 else i
-        doc = {"msg_id": f"m-{mid:07d}", "order_no": f"o-{mid % 97}", "seq": i, "amount": i / 4}
+    for i, mid in enumerate(message_ids(n)):
+        if shape == "invoice":
+            doc = {"invoiceId": f"INV-{mid:07d}", "customer": f"C-{mid % 97}", "total": i / 4}
+        else:
+            doc = {"msg_id": f"m-{mid:07d}", "order_no": f"o-{mid % 97}", "seq": i, "amount": i / 4}
         (inbox / f"msg-{i:07d}.json").write_text(json.dumps(doc))
     os.sync()  # generation is not what we time: get its dirty pages out of the way
     return root
@@ -160,12 +176,98 @@ def ours_2(root: Path) -> int:
     return consume_parallel(root, None, None, 2).received
 
 
+INVOICES_DDL = (
+    "CREATE TABLE IF NOT EXISTS invoices (id TEXT PRIMARY KEY, customer TEXT, total REAL)"
+)
+
+
+def save_invoice(tx: sqlite3.Connection, doc: dict[str, object]) -> None:
+    """The SQL effect: one business row per message, in the ledger's own transaction."""
+    tx.execute(
+        "INSERT INTO invoices (id, customer, total) VALUES (?, ?, ?)",
+        (doc["invoiceId"], doc["customer"], doc["total"]),
+    )
+
+
+def has_sql_effect() -> bool:
+    """Does this onceq have flows with a SQL effect (issue 7)? The flow rows need it."""
+    try:
+        from onceq.effect import SqlEffect  # noqa: F401
+        from onceq.ledger import Ledger
+    except ImportError:
+        return False
+    import inspect
+
+    return "sql" in inspect.signature(Ledger).parameters
+
+
+def flow(root: Path, with_sql: bool) -> int:
+    """The invoice flow over the directory queue, with or without its SQL effect.
+
+    Through the public API (`onceq.run`) when this onceq has it; otherwise composed as
+    `onceq.dirq.run.consume` composes the preset (a Worker, a flow-scoped Ledger, the
+    Consumer with one try per message), so the figure is the runner's, not the bench's.
+    """
+    from onceq.effect import SqlEffect
+
+    sql = SqlEffect(save_invoice, setup=INVOICES_DDL) if with_sql else None
+    db = root / "ledger.db"
+    try:
+        from onceq import DirSource, Flow, MessageSpec, run
+    except ImportError:
+        return _flow_composed(root, db, sql)
+    spec = MessageSpec(id_field="invoiceId", required=("customer", "total"))
+    f = Flow(name="invoices", source=DirSource(root), message=spec, sql=sql)
+    return run(f, ledger=db, until_empty=True)["invoices"].received
+
+
+def _flow_composed(root: Path, db: Path, sql: object) -> int:
+    """`flow` on an onceq with the flow-scoped ledger but no `onceq.run` yet."""
+    import asyncio
+
+    from onceq.consumer import Consumer
+    from onceq.dirq import message
+    from onceq.dirq.run import GROUP as RUN_GROUP
+    from onceq.dirq.worker import Worker
+    from onceq.ledger import Ledger
+
+    spec = message.MessageSpec(id_field="invoiceId", required=("invoiceId", "customer", "total"))
+    decode = getattr(spec, "decode", None) or (lambda d: message.decode(d, spec))
+    queue = DirQueue(root).check()
+    with (
+        Ledger(db, source="dirq", flow="invoices", sql=sql) as ledger,  # type: ignore[call-arg]
+        Worker(queue) as worker,
+    ):
+        consumer = Consumer(
+            worker, ledger, decode, max_in_flight=2 * RUN_GROUP, max_group=RUN_GROUP,
+            max_attempts=1,
+        )  # fmt: skip
+        return asyncio.run(consumer.run()).received
+
+
+def flow_plain(root: Path) -> int:
+    return flow(root, with_sql=False)
+
+
+def flow_sql(root: Path) -> int:
+    n = flow(root, with_sql=True)
+    with sqlite3.connect(str(root / "ledger.db")) as conn:
+        rows = conn.execute("SELECT count(*) FROM invoices").fetchone()[0]
+    distinct = len(set(message_ids(n)))
+    if rows != distinct:
+        sys.exit(f"flow + SQL effect: {rows} invoices rows for {distinct} distinct ids")
+    return n
+
+
 RUNNERS: dict[str, Callable[[Path], int]] = {
     "baseline": baseline,
     "ceiling": ceiling,
     "ours": ours,
     "ours_2": ours_2,
+    "flow": flow_plain,
+    "flow_sql": flow_sql,
 }
+SHAPES = {"flow": "invoice", "flow_sql": "invoice"}
 
 
 def filesystem(path: Path) -> str:
@@ -176,9 +278,11 @@ def filesystem(path: Path) -> str:
     return f"{lines[2]} on {lines[3]}" if len(lines) >= 4 else "unknown"
 
 
-def measure(base: Path, label: str, n: int, run: Callable[[Path], int]) -> float:
+def measure(
+    base: Path, label: str, n: int, run: Callable[[Path], int], shape: str = "order"
+) -> float:
     """Messages per second of one run over a fresh queue of n messages."""
-    root = make_queue(base / label, n)
+    root = make_queue(base / label, n, shape)
     t0 = time.perf_counter()
     handled = run(root)
     elapsed = time.perf_counter() - t0
@@ -191,7 +295,7 @@ def measure(base: Path, label: str, n: int, run: Callable[[Path], int]) -> float
 
 def measure_named(base: str, label: str, n: int, runner: str) -> float:
     """`measure` by runner name: what a --compare child (bench/compare.py) calls."""
-    return measure(Path(base), label, n, RUNNERS[runner])
+    return measure(Path(base), label, n, RUNNERS[runner], SHAPES.get(runner, "order"))
 
 
 def main() -> int:
@@ -199,6 +303,7 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=10_000, help="messages per run")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the best of each is shown")
     ap.add_argument("--target", type=float, default=10.0, help="required ratio vs baseline")
+    ap.add_argument("--sql-target", type=float, default=0.5, help="required SQL effect / no effect")
     compare.add_argument(ap)
     args = ap.parse_args()
     other = compare.open_checkout(args.compare) if args.compare else None
@@ -215,7 +320,9 @@ def main() -> int:
         Run = Callable[[str], float]  # the run's folder label → msgs/s
 
         def local(runner: str) -> Run:
-            return lambda label: measure(base, label, n, RUNNERS[runner])
+            return lambda label: measure(
+                base, label, n, RUNNERS[runner], SHAPES.get(runner, "order")
+            )
 
         def remote(runner: str) -> Run:
             assert other is not None
@@ -233,6 +340,10 @@ def main() -> int:
         if other:
             runs.insert(3, (f"  the same, {other.label}", "ours@other", remote("ours")))
             runs.append((f"  the same, {other.label}", "ours_2@other", remote("ours_2")))
+        flows = has_sql_effect()
+        if flows:
+            runs.append(("flow (invoices), no effect", "flow", local("flow")))
+            runs.append(("flow + SQL effect (INSERT INTO invoices)", "flow_sql", local("flow_sql")))
         # Interleaved rounds, best of each: a burst of load from elsewhere on the
         # machine hits every consumer alike instead of one of them.
         best = dict.fromkeys((key for _, key, _ in runs), 0.0)
@@ -251,10 +362,20 @@ def main() -> int:
     if other:
         one, two = best["ours"] / best["ours@other"], best["ours_2"] / best["ours_2@other"]
         print(f"\nthis / {other.label}: 1 worker {one:.2f}, --workers 2 {two:.2f}")
+    if flows:
+        sql_ratio = best["flow_sql"] / best["flow"]
+        print(f"\nSQL effect / no effect: {sql_ratio:.2f}")
     ratio = best["ours"] / ref
     met = ratio >= args.target
     verdict = "MET" if met else "NOT MET"
     print(f"\ntarget >= {args.target:g}x baseline (1 worker): {verdict} ({ratio:.1f}x)")
+    if flows:
+        sql_met = sql_ratio >= args.sql_target
+        print(
+            f"target SQL effect >= {args.sql_target:g} of no effect:"
+            f" {'MET' if sql_met else 'NOT MET'} ({sql_ratio:.2f})"
+        )
+        met = met and sql_met
     return 0 if met else 1
 
 
