@@ -344,6 +344,11 @@ def main() -> int:
         if flows:
             runs.append(("flow (invoices), no effect", "flow", local("flow")))
             runs.append(("flow + SQL effect (INSERT INTO invoices)", "flow_sql", local("flow_sql")))
+        # The other checkout's flow rows only where it has flows too (not before issue 7).
+        other_flows = bool(other and other.call("dirq_throughput", "has_sql_effect"))
+        if other_flows:
+            runs.insert(-1, (f"  the same, {other.label}", "flow@other", remote("flow")))
+            runs.append((f"  the same, {other.label}", "flow_sql@other", remote("flow_sql")))
         # Interleaved rounds, best of each: a burst of load from elsewhere on the
         # machine hits every consumer alike instead of one of them.
         best = dict.fromkeys((key for _, key, _ in runs), 0.0)
@@ -361,7 +366,14 @@ def main() -> int:
     print("(of ceil: the fraction of the no-durability loop; --workers 2 against its 1 process)")
     if other:
         one, two = best["ours"] / best["ours@other"], best["ours_2"] / best["ours_2@other"]
-        print(f"\nthis / {other.label}: 1 worker {one:.2f}, --workers 2 {two:.2f}")
+        print(f"\nthis / {other.label}: 1 worker {one:.2f}, --workers 2 {two:.2f}", end="")
+        if other_flows:
+            plain, sql = (
+                best["flow"] / best["flow@other"],
+                best["flow_sql"] / best["flow_sql@other"],
+            )
+            print(f", flow {plain:.2f}, flow + SQL effect {sql:.2f}", end="")
+        print()
     if flows:
         sql_ratio = best["flow_sql"] / best["flow"]
         print(f"\nSQL effect / no effect: {sql_ratio:.2f}")
