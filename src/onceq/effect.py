@@ -4,15 +4,25 @@ A flow's *call* effect runs before the ledger commit (an HTTP request, a Python
 function); its *SQL* effect runs inside the ledger's own transaction (the inbox
 pattern), so the business rows and the dedup row commit together or not at all.
 
-`Reject` and `Retry` are how a user's function says what happened: returning is
-success, `Reject` is dead at once, `Retry` (or any other exception) is transient.
+`PythonEffect` runs a user's function as the call effect; `load_callable` finds it
+from `package.module:function`. `Reject` and `Retry` are how a user's function says
+what happened: returning is success, `Reject` is dead at once, `Retry` (or any other
+exception) is transient.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from onceq.errors import UsageError
+
+DETAIL_MAX = 200  # failure rows stay short
 
 
 class Reject(Exception):
@@ -36,3 +46,100 @@ class SqlEffect:
     function: Callable[[Any, dict[str, Any]], None] | None = None
     setup: str | None = None
     bulk: Callable[[Any, list[Any]], None] | None = None
+
+
+class PythonEffect:
+    """A user's function, sync or async, given the decoded message (`doc`, a dict).
+
+    Returning is success; `Reject` is dead at once (reason `rejected`); `Retry` is
+    transient (`retry`); any other exception is transient (`internal-error`, the
+    detail its type and message), so a bug in a handler is retried, then
+    dead-lettered, and never takes the run down. A sync function runs in a worker
+    thread (`asyncio.to_thread`): a blocking call in it must not stall the loop that
+    settles every other message.
+    """
+
+    def __init__(self, function: Callable[[dict[str, Any]], Any]) -> None:
+        if not callable(function):
+            raise UsageError(f"python effect: {function!r} is not callable")
+        self.function = function
+        self._is_async = _is_async(function)
+
+    def __repr__(self) -> str:
+        name = getattr(self.function, "__qualname__", None) or repr(self.function)
+        return f"PythonEffect({getattr(self.function, '__module__', '?')}:{name})"
+
+    async def __call__(self, delivery: Any, fields: dict[str, Any]) -> Any:
+        from onceq.consumer import Outcome
+        from onceq.transport import Kind
+
+        doc = fields.get("doc", {})
+        try:
+            if self._is_async:
+                await self.function(doc)
+            else:
+                result = await asyncio.to_thread(self.function, doc)
+                if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
+                    await result
+        except asyncio.CancelledError:
+            raise
+        except Reject as exc:
+            return Outcome(Kind.REJECTED, "rejected", _short(str(exc)))
+        except Retry as exc:
+            return Outcome(Kind.TRANSIENT, "retry", _short(str(exc)))
+        except Exception as exc:  # a bug in the user's function is that message's, not the run's
+            return Outcome(Kind.TRANSIENT, "internal-error", _short(f"{type(exc).__name__}: {exc}"))
+        return Outcome(Kind.SUCCESS, fields=fields)
+
+    async def aclose(self) -> None:
+        """Nothing to close (the same shape as HttpEffect's)."""
+
+
+def _is_async(function: Any) -> bool:
+    target = function
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target):
+        return True
+    call = getattr(target, "__call__", None)  # noqa: B004 - an object with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _short(text: str) -> str:
+    from onceq.errors import redact_text
+
+    return redact_text(" ".join(text.split())[:DETAIL_MAX])
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """The callable named `package.module:function` (or `module:Class.method`).
+
+    Every failure is one UsageError naming the string: no colon, a module that does
+    not import (and why), a missing attribute, something that is not callable.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise UsageError(f"{spec!r}: not module:function (one colon)")
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{spec}: not module:function (both parts needed)")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UsageError(f"{spec}: no module named {exc.name}") from None
+        raise UsageError(f"{spec}: importing {module_name} failed: {_why(exc)}") from None
+    except Exception as exc:  # the user's module raised while importing (a SyntaxError too)
+        raise UsageError(f"{spec}: importing {module_name} failed: {_why(exc)}") from None
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(f"{spec}: {module_name} has no attribute {attr}") from None
+    if not callable(target):
+        raise UsageError(f"{spec}: {attr} is a {type(target).__name__}, not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _why(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:DETAIL_MAX]

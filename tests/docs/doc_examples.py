@@ -9,6 +9,10 @@ The rules, stated once so that nothing is skipped silently:
 - A line ending in `&` starts a background process (a stub server); the next line
   runs once it has printed its first line (it prints after it listens), and it is
   stopped at the end.
+- A block of another language whose first line is `# file: NAME` (a flow file, a
+  Python module) is written to NAME in the folder the examples run in, at its place in
+  the document's order, so the lines after it can use it. Its other lines are the
+  file, exactly as the reader sees them.
 - The blocks under a heading listed in SKIPPED_SECTIONS are not run; the reason is
   given there and the test asserts that such a block still exists.
 """
@@ -28,6 +32,7 @@ SKIPPED_SECTIONS = {
     ),
 }
 
+FILE_MARK = re.compile(r"^#\s*file:\s*(\S+)\s*$")
 EXPECT = re.compile(r"(?:^|\s)#\s*exit\s+(\d+)\b")
 FENCE = re.compile(r"^```(\S*)\s*$")
 
@@ -41,6 +46,7 @@ class Example:
     command: str  # the line without a trailing `&`
     expect: int
     background: bool
+    file: str = ""  # a `# file: NAME` block: the command is the file's text, written to NAME
 
     def where(self) -> str:
         return f"{self.doc}:{self.lineno} (under '{self.heading}')"
@@ -98,6 +104,21 @@ def examples(doc: str) -> tuple[list[Example], list[Block]]:
     run: list[Example] = []
     skipped: list[Block] = []
     for b in blocks(doc):
+        mark = FILE_MARK.match(b.lines[0]) if b.lines and b.lang != "sh" else None
+        if mark:
+            run.append(
+                Example(
+                    doc=doc,
+                    lineno=b.start,
+                    heading=b.heading,
+                    line=b.lines[0],
+                    command="\n".join(b.lines[1:]) + "\n",
+                    expect=0,
+                    background=False,
+                    file=mark.group(1),
+                )
+            )
+            continue
         if b.lang != "sh":
             continue
         if (doc, b.heading) in SKIPPED_SECTIONS:

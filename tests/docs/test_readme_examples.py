@@ -4,10 +4,10 @@ Each document's ```sh lines run one by one (rules: tests/docs/doc_examples.py) i
 fresh folder, as a new user would type them after the Quick start: `onceq` and
 `python3` resolve to this venv (its bin/ first on PATH; `.venv/bin/` written in a
 doc means the same folder), against a RabbitMQ vhost of the test's own
-(EAI_AMQP_URL), with the claim stub on a free port in place of 9202 (the one port
-the docs name, which another program may hold). A line that ends with another exit
-code than the one its `# exit N` comment announces (0 without one) fails the test,
-naming the line.
+(EAI_AMQP_URL), with the stubs on free ports in place of 9202 and 9300 (the ports
+the docs name for the claim and the invoice partner, which another program may
+hold). A line that ends with another exit code than the one its `# exit N` comment
+announces (0 without one) fails the test, naming the line.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 VENV_BIN = Path(sys.executable).parent
 LINE_TIMEOUT_S = 120.0
-DOC_PORT = "9202"
+DOC_PORTS = ("9202", "9300")  # the claim stub's, the invoice partner's
 
 
 def _env(amqp_url: str) -> dict[str, str]:
@@ -42,8 +42,12 @@ def _env(amqp_url: str) -> dict[str, str]:
     return env
 
 
-def _as_run(ex: Example, port: int) -> str:
-    cmd = re.sub(rf"\b{DOC_PORT}\b", str(port), ex.command)
+def _as_run(ex: Example, ports: dict[str, int]) -> str:
+    cmd = ex.command
+    for doc_port, port in ports.items():
+        cmd = re.sub(rf"\b{doc_port}\b", str(port), cmd)
+    if ex.file:
+        return cmd
     return re.sub(r"(?<![\w/])\.venv/bin/", f"{VENV_BIN}/", cmd)
 
 
@@ -89,12 +93,16 @@ def run_examples(doc: str, cwd: Path, amqp_url: str) -> list[tuple[Example, str]
     """Run a document's examples in order; fails at the first one that misbehaves."""
     todo, _ = examples(doc)
     env = _env(amqp_url)
-    port = free_port()
+    ports = {doc_port: free_port() for doc_port in DOC_PORTS}
     background: list[subprocess.Popen] = []
     ran: list[tuple[Example, str]] = []
     try:
         for ex in todo:
-            cmd = _as_run(ex, port)
+            cmd = _as_run(ex, ports)
+            if ex.file:  # a flow file or module the next lines use
+                (cwd / ex.file).write_text(cmd)
+                ran.append((ex, ""))
+                continue
             if ex.background:
                 background.append(_start_background(ex, cmd, cwd, env))
                 ran.append((ex, ""))

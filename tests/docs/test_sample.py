@@ -16,18 +16,20 @@ def test_sample_copies_the_orders_and_the_claims(tmp_path: Path) -> None:
     dest = tmp_path / "new" / "fixtures"  # missing parents are created
     r = run_cli("sample", str(dest))
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in dest.iterdir()) == ["claims", "orders"]
+    assert sorted(p.name for p in dest.iterdir()) == ["claims", "invoices", "orders"]
     assert _tree(dest / "orders") == {p.name: p.read_bytes() for p in SAMPLE.glob("*.json")}
     assert _tree(dest / "claims") == _tree(SAMPLE / "claims")
+    assert _tree(dest / "invoices") == _tree(SAMPLE / "invoices")
     assert len(_tree(dest / "orders")) == 20 and len(_tree(dest / "claims")) == 9
-    assert "20 orders" in r.stdout and "9 claims" in r.stdout
+    assert len(_tree(dest / "invoices")) == 8
+    assert "20 orders" in r.stdout and "9 claims" in r.stdout and "8 invoices" in r.stdout
 
 
 def test_sample_json_lists_the_files(tmp_path: Path) -> None:
     r = run_cli("sample", str(tmp_path / "fx"), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert sorted(doc) == ["claims", "orders"]
+    assert sorted(doc) == ["claims", "invoices", "orders"]
     assert all(Path(p).is_file() for files in doc.values() for p in files)
     assert len(doc["orders"]) == 20 and len(doc["claims"]) == 9
 

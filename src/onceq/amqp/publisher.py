@@ -1,4 +1,7 @@
-"""Claim files → persistent, confirmed, mandatory messages on eai.claim.
+"""Message files → persistent, confirmed, mandatory messages on an exchange.
+
+The claims preset (the defaults): eai.claim, key claim, message_id from the guid.
+Any other exchange, key and id field (a dotted path) work the same way.
 
 Client choice, by measurement (5,000 claims, one connection, loopback, 2 cores):
 the baseline (pika BlockingConnection, one confirm awaited per message) ran at
@@ -22,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from onceq.amqp.handler import CONTROL_CHARS
-from onceq.amqp.topology import EXCHANGE, ROUTING_KEY
+from onceq.amqp.topology import EXCHANGE, ROUTING_KEY, name_problem
 from onceq.amqp.transport import COPY_HEADER
 from onceq.amqp.url import boundary, close_quietly, connect
-from onceq.errors import BadMessage, NotFound, Unroutable
+from onceq.errors import BadMessage, NotFound, Unroutable, UsageError
 from onceq.ledger_values import is_utf8
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
@@ -40,17 +43,39 @@ MAX_BODY = 128 * 2**20
 MAX_MESSAGE_ID = 255
 
 
+# The claims preset: message_id from the body's guid, to eai.claim with key claim.
+ID_FIELD = "guid"
+_MISSING = object()
+
+
 @dataclass(frozen=True)
-class Claim:
-    """One claim file: its exact bytes and the guid that becomes the message_id."""
+class Message:
+    """One message file: its exact bytes and the id that becomes its message_id."""
 
     path: Path
     body: bytes
-    guid: str
+    msg_id: str
+
+    @property
+    def guid(self) -> str:  # the claims preset's word for it
+        return self.msg_id
 
 
-def load_claim(path: Path) -> Claim:
-    """Read and check one claim file; BadMessage names the file and the reason."""
+Claim = Message  # the name before issue 7
+
+
+def lookup(doc: dict[str, Any], path: str) -> Any:
+    """doc's value at a dotted path ("invoice.id" → doc["invoice"]["id"]), or _MISSING."""
+    value: Any = doc
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def load_message(path: Path, id_field: str = ID_FIELD) -> Message:
+    """Read and check one message file; BadMessage names the file and the reason."""
     try:
         size = path.stat().st_size
         if size > MAX_BODY:
@@ -76,42 +101,49 @@ def load_claim(path: Path) -> Claim:
         raise BadMessage(f"{path}: not JSON ({str(exc).split(';')[0][:200]})") from None
     if not isinstance(doc, dict):
         raise BadMessage(f"{path}: not a JSON object (top level is {type(doc).__name__})")
-    guid = doc.get("guid")
-    if isinstance(guid, int) and not isinstance(guid, bool):
-        guid = str(guid)
-    if not isinstance(guid, str) or not guid.strip():
-        raise BadMessage(f"{path}: no guid (a non-empty string is needed for message_id)")
-    problem = guid_problem(guid)
+    msg_id = lookup(doc, id_field)
+    if isinstance(msg_id, int) and not isinstance(msg_id, bool):
+        msg_id = str(msg_id)
+    if not isinstance(msg_id, str) or not msg_id.strip():
+        raise BadMessage(f"{path}: no {id_field} (a non-empty string is needed for message_id)")
+    problem = id_problem(msg_id)
     if problem:
-        raise BadMessage(f"{path}: guid {problem}")
-    return Claim(path, body, guid)
+        raise BadMessage(f"{path}: {id_field} {problem}")
+    return Message(path, body, msg_id)
 
 
-def guid_problem(guid: str) -> str:
-    """Why `guid` cannot be a message_id, or ''.
+def load_claim(path: Path) -> Message:
+    return load_message(path)
+
+
+def id_problem(msg_id: str) -> str:
+    """Why `msg_id` cannot be a message_id, or ''.
 
     Found while sending, each of these was a traceback half-way through a batch
     (UnicodeEncodeError, the shortstr encoder's error), with some claims already out.
     A consumer would refuse the control characters too: the id becomes its
     Idempotency-Key header, which cannot carry them.
     """
-    if not is_utf8(guid):
+    if not is_utf8(msg_id):
         return "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
-    size = len(guid.encode("utf-8"))
+    size = len(msg_id.encode("utf-8"))
     if size > MAX_MESSAGE_ID:
         return f"is {size} bytes; an AMQP message_id holds at most {MAX_MESSAGE_ID}"
-    if CONTROL_CHARS.search(guid):
+    if CONTROL_CHARS.search(msg_id):
         return "holds a control character (it becomes an HTTP header)"
     return ""
 
 
-def load_claims(paths: list[Path]) -> list[Claim]:
+guid_problem = id_problem  # the name before issue 7
+
+
+def load_messages(paths: list[Path], id_field: str = ID_FIELD) -> list[Message]:
     """Every file checked before any is published; all problems reported in one line."""
-    claims: list[Claim] = []
+    messages: list[Message] = []
     problems: list[BadMessage | NotFound] = []
     for p in paths:
         try:
-            claims.append(load_claim(p))
+            messages.append(load_message(p, id_field))
         except (BadMessage, NotFound) as exc:
             problems.append(exc)
     if problems:
@@ -119,7 +151,11 @@ def load_claims(paths: list[Path]) -> list[Claim]:
         text = "; ".join(map(str, problems[:3]))
         # The first problem decides the exit code, as if the files were checked one by one.
         raise type(problems[0])(f"{text}{more}; nothing was published")
-    return claims
+    return messages
+
+
+def load_claims(paths: list[Path]) -> list[Message]:
+    return load_messages(paths)
 
 
 @dataclass
@@ -136,8 +172,32 @@ class PublishReport:
         }
 
 
-async def publish(url: str, claims: list[Claim], *, window: int = WINDOW) -> PublishReport:
-    """Publish claims over one connection with up to `window` confirms outstanding.
+def exchange_label(exchange: str) -> str:
+    return f"exchange {exchange}" if exchange else "the default exchange"
+
+
+def check_target(exchange: str, routing_key: str) -> None:
+    """UsageError naming the option when a name cannot go on the wire.
+
+    Publishing to an `amq.` exchange or the default exchange ("": routed by queue
+    name) is legal, unlike declaring one, so only the shortstr rules apply.
+    """
+    for option, value in (("--exchange", exchange), ("--routing-key", routing_key)):
+        why = name_problem(value, declared=False, empty_ok=True)
+        if why:
+            raise UsageError(f"{option}: {value!r}: {why}")
+
+
+async def publish(
+    url: str,
+    messages: list[Message],
+    *,
+    window: int = WINDOW,
+    exchange: str = EXCHANGE,
+    routing_key: str = ROUTING_KEY,
+) -> PublishReport:
+    """Publish messages to `exchange` with `routing_key` over one connection, with up
+    to `window` confirms outstanding.
 
     Raises Unroutable (after every confirm is in) when any message was returned
     (mandatory: no queue bound for it) or nacked; the others stay published.
@@ -146,28 +206,30 @@ async def publish(url: str, claims: list[Claim], *, window: int = WINDOW) -> Pub
     import aiormq.exceptions as ae
     from pamqp.commands import Basic
 
+    check_target(exchange, routing_key)
+    where = exchange_label(exchange)
     report = PublishReport()
     connection = await connect(url)
     try:
-        with boundary(url, f"exchange {EXCHANGE}"):
+        with boundary(url, where):
             # on_return_raises: a mandatory message the broker returns fails its confirm
             # with PublishError instead of passing as a plain ack.
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         slots = asyncio.Semaphore(window)
 
-        async def one(claim: Claim) -> None:
+        async def one(message: Message) -> None:
             try:
                 props = aiormq.spec.Basic.Properties(
                     delivery_mode=2,  # persistent: a durable queue alone loses it on restart
-                    message_id=claim.guid,
+                    message_id=message.msg_id,
                     content_type=CONTENT_TYPE,
                     # Names this copy across redeliveries (see transport.COPY_HEADER).
                     headers={COPY_HEADER: secrets.token_hex(16)},
                 )
                 confirm = await channel.basic_publish(
-                    claim.body,
-                    exchange=EXCHANGE,
-                    routing_key=ROUTING_KEY,
+                    message.body,
+                    exchange=exchange,
+                    routing_key=routing_key,
                     properties=props,
                     mandatory=True,
                     # Do not wait for the socket drain per message: the confirm is what
@@ -177,21 +239,21 @@ async def publish(url: str, claims: list[Claim], *, window: int = WINDOW) -> Pub
                 if isinstance(confirm, Basic.Ack):
                     report.published += 1
                 else:
-                    report.nacked.append(str(claim.path))
+                    report.nacked.append(str(message.path))
             except ae.PublishError:
                 # With two copies of one guid in flight aiormq may pin the return on the
                 # other copy; either way a return is counted and the run fails.
-                report.unroutable.append(str(claim.path))
+                report.unroutable.append(str(message.path))
             except ae.DeliveryError:
-                report.nacked.append(str(claim.path))
+                report.nacked.append(str(message.path))
             finally:
                 slots.release()
 
         tasks: list[asyncio.Task[None]] = []
-        with boundary(url, f"exchange {EXCHANGE}"):
-            for claim in claims:
+        with boundary(url, where):
+            for message in messages:
                 await slots.acquire()
-                tasks.append(asyncio.create_task(one(claim)))
+                tasks.append(asyncio.create_task(one(message)))
             # Collect every task before raising, so none is left with an unread error.
             results = await asyncio.gather(*tasks, return_exceptions=True)
             failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -201,9 +263,13 @@ async def publish(url: str, claims: list[Claim], *, window: int = WINDOW) -> Pub
         await close_quietly(connection)
     if report.unroutable or report.nacked:
         bad = report.unroutable or report.nacked
-        what = "returned as unroutable" if report.unroutable else "nacked by the broker"
+        what = (
+            f"returned as unroutable (no queue bound to {where} for key {routing_key!r})"
+            if report.unroutable
+            else f"nacked by the broker ({where}, key {routing_key!r})"
+        )
         raise Unroutable(
-            f"{len(report.unroutable) + len(report.nacked)} of {len(claims)} message(s)"
+            f"{len(report.unroutable) + len(report.nacked)} of {len(messages)} message(s)"
             f" {what} (first: {bad[0]}); {report.published} published"
         )
     return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 from onceq.amqp.topology import DEAD_QUEUE, QUEUE
@@ -40,8 +41,11 @@ def rabbitmqctl(*args: str, node: str | None = None) -> str:
     return done.stdout
 
 
-def queue_depths(vhost: str, node: str | None = None) -> dict[str, dict[str, int] | None]:
-    """{queue: {messages, unacked}} for claim.in and claim.dead; None for a missing queue."""
+def queue_depths(
+    vhost: str, node: str | None = None, names: Sequence[str] = (QUEUE, DEAD_QUEUE)
+) -> dict[str, dict[str, int] | None]:
+    """{queue: {messages, unacked}} for each of `names` (default claim.in and claim.dead);
+    None for a missing queue."""
     out = rabbitmqctl(
         "list_queues", "-p", vhost, "name", "messages", "messages_unacknowledged",
         "--formatter", "json", node=node,
@@ -56,7 +60,7 @@ def queue_depths(vhost: str, node: str | None = None) -> dict[str, dict[str, int
         # one: without this check a typo in the URL would print "absent" and exit 0.
         # Exit 7, as topology, publish and consume exit when the broker refuses a vhost.
         raise BrokerUnavailable(f"vhost {vhost!r} does not exist on the broker")
-    return {q: found.get(q) for q in (QUEUE, DEAD_QUEUE)}
+    return {q: found.get(q) for q in names}
 
 
 def vhost_exists(vhost: str, node: str | None = None) -> bool:
@@ -76,5 +80,11 @@ def memory_watermark(node: str | None = None) -> dict[str, Any]:
     }
 
 
-def status(vhost: str, node: str | None = None) -> dict[str, Any]:
-    return {"vhost": vhost, "queues": queue_depths(vhost, node), "memory": memory_watermark(node)}
+def status(
+    vhost: str, node: str | None = None, names: Sequence[str] = (QUEUE, DEAD_QUEUE)
+) -> dict[str, Any]:
+    return {
+        "vhost": vhost,
+        "queues": queue_depths(vhost, node, names),
+        "memory": memory_watermark(node),
+    }

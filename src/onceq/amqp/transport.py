@@ -23,20 +23,20 @@ Reliability choices, each for a reason:
   handled half-way.
 
 `until_empty` (a batch job: `onceq mq consume --until-empty`) ends the deliveries
-once the queue is drained: nothing ready in claim.in and nothing held by this
-consumer. A passive queue.declare alone cannot say so: its count is the *ready*
-messages only, and a message in flight to us (for instance one that this run has
-just requeued for its retry, which the broker hands straight back) is neither ready
-nor received yet. So, when this consumer holds nothing and the queue shows nothing
-ready, it cancels its consumer (after cancel-ok the broker sends it nothing more),
-asks the broker to requeue whatever is still unacked on the channel (basic.recover
-requeue=true: exactly the deliveries that arrived after the cancel was decided and
-were not handed out), and declares again: 0 ready now means drained, by
-construction (every method on a channel is processed in order, so each ack and
-requeue of ours counts before the declare). Otherwise it consumes again under a new
-tag. An idle timeout alone would guess: a slow broker, an outage or a publisher
-that pauses would end the batch early or late. Messages unacked by *other*
-consumers are theirs, and not waited for.
+once the queue is drained (whichever queue it consumes: claim.in is only the claims
+preset's): nothing ready in it and nothing held by this consumer. A passive
+queue.declare alone cannot say so: its count is the *ready* messages only, and a
+message in flight to us (for instance one that this run has just requeued for its
+retry, which the broker hands straight back) is neither ready nor received yet. So,
+when this consumer holds nothing and the queue shows nothing ready, it cancels its
+consumer (after cancel-ok the broker sends it nothing more), asks the broker to
+requeue whatever is still unacked on the channel (basic.recover requeue=true:
+exactly the deliveries that arrived after the cancel was decided and were not handed
+out), and declares again: 0 ready now means drained, by construction (every method
+on a channel is processed in order, so each ack and requeue of ours counts before
+the declare). Otherwise it consumes again under a new tag. An idle timeout alone
+would guess: a slow broker, an outage or a publisher that pauses would end the batch
+early or late. Messages unacked by *other* consumers are theirs, and not waited for.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ class AmqpTransport:
             await self._changed.wait()
 
     async def _drained(self) -> bool:
-        """Is claim.in drained for this consumer? Consumes again when it is not.
+        """Is the queue drained for this consumer? Consumes again when it is not.
 
         See the module docstring for why each step is needed. Any broker error (an
         outage) means "not known to be drained": the run goes on and asks again.
@@ -295,7 +295,7 @@ class AmqpTransport:
                     await message.ack()
                 elif decision is Settle.REQUEUE:
                     await message.reject(requeue=True)
-                else:  # DEAD: the queue's dead-letter exchange takes it (eai.dlx)
+                else:  # DEAD: the queue's dead-letter exchange takes it (claims: eai.dlx)
                     await message.reject(requeue=False)
                 faults.hit("mid-settle")  # acks go one by one: some of the group are sent
             except (

@@ -53,25 +53,62 @@ def mq() -> None:
 
 
 @mq.command()
+@click.option(
+    "--queue",
+    metavar="Q",
+    help="Input queue (default claim.in). Its STEM (the name without a trailing .in)"
+    " names the others: invoice.in → invoice, invoice, invoice.dlx, invoice.dead.",
+)
+@click.option("--exchange", metavar="E", help="Direct exchange bound to the queue (default STEM).")
+@click.option("--routing-key", metavar="K", help="The key of that binding (default STEM).")
+@click.option(
+    "--dead-letter-exchange",
+    metavar="X",
+    help="Where the queue's rejected messages go (default STEM.dlx).",
+)
+@click.option(
+    "--dead-letter-queue",
+    metavar="D",
+    help="Bound to X with key D; holds the dead letters (default STEM.dead).",
+)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def topology(as_json: bool) -> None:
-    """Declare eai.claim, eai.dlx, claim.in (dead-lettering to eai.dlx) and claim.dead.
+def topology(
+    queue: str | None,
+    exchange: str | None,
+    routing_key: str | None,
+    dead_letter_exchange: str | None,
+    dead_letter_queue: str | None,
+    as_json: bool,
+) -> None:
+    """Declare a flow's exchange, queue, dead-letter exchange and dead-letter queue.
+
+    Without options: the claims preset, eai.claim --claim--> claim.in, which
+    dead-letters to eai.dlx --claim.dead--> claim.dead. With --queue Q the other
+    names come from Q's stem (Q without a trailing ".in"): exchange STEM, routing
+    key STEM, dead-letter exchange STEM.dlx, dead-letter queue STEM.dead (also its
+    dead-letter key); each option overrides its one name. Without --queue the
+    other options override the claims names.
 
     Idempotent: a second run changes nothing. When the broker already holds one
     of them with other attributes it exits 4 naming the object, and creates
-    nothing.
+    nothing. A name that cannot be used (empty, over 255 bytes, starting with
+    amq.) exits 2 naming the option, before connecting.
 
     \b
     Example:
       EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
+      onceq mq topology --queue invoice.in
     """
     import asyncio
 
-    from onceq.amqp.topology import declare
+    from onceq.amqp.topology import Topology, declare
     from onceq.amqp.url import vhost_of
 
+    names = Topology.from_options(
+        queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue
+    ).check()
     url = _url()
-    result = asyncio.run(declare(url))
+    result = asyncio.run(declare(url, names))
     if as_json:
         emit_json({"vhost": vhost_of(url), "objects": result})
         return
@@ -86,6 +123,21 @@ def topology(as_json: bool) -> None:
 @mq.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
+    "--exchange",
+    default="eai.claim",
+    show_default=True,
+    metavar="E",
+    help='Exchange to publish to ("" = the default exchange, routed by queue name).',
+)
+@click.option("--routing-key", default="claim", show_default=True, metavar="K", help="Routing key.")
+@click.option(
+    "--id-field",
+    default="guid",
+    show_default=True,
+    metavar="F",
+    help="JSON field (a dotted path: invoice.id) whose value becomes message_id.",
+)
+@click.option(
     "--window",
     default=256,
     show_default=True,
@@ -93,30 +145,55 @@ def topology(as_json: bool) -> None:
     help="Publisher confirms outstanding at once.",
 )
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def publish(files: tuple[Path, ...], window: int, as_json: bool) -> None:
-    """Publish each claim FILE as one persistent message to eai.claim (key claim).
+def publish(
+    files: tuple[Path, ...],
+    exchange: str,
+    routing_key: str,
+    id_field: str,
+    window: int,
+    as_json: bool,
+) -> None:
+    """Publish each FILE as one persistent message to E with key K (eai.claim, claim).
 
-    The body is the file's bytes unchanged; message_id is the JSON's guid;
-    content_type application/json. Publisher confirms and mandatory are on.
-    Every file is checked first: one unreadable, non-JSON or guid-less file
-    publishes nothing (exit 5). A returned or nacked message exits 6.
+    The body is the file's bytes unchanged; message_id is the JSON's id field
+    (guid unless --id-field); content_type application/json. Publisher confirms
+    and mandatory are on. Every file is checked first: one unreadable, non-JSON or
+    id-less file publishes nothing (exit 5). A returned (no queue bound for the
+    key) or nacked message exits 6.
 
     \b
     Example:
       onceq mq publish claims/*.json --json
+      onceq mq publish inv/*.json --exchange invoice --routing-key invoice --id-field invoiceId
     """
     import asyncio
 
-    from onceq.amqp.publisher import load_claims
+    from onceq.amqp.publisher import check_target, load_messages
     from onceq.amqp.publisher import publish as do_publish
+    from onceq.errors import UsageError
 
+    if not id_field or any(not part for part in id_field.split(".")):
+        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path")
+    check_target(exchange, routing_key)
     url = _url()
-    claims = load_claims(list(files))
-    report = asyncio.run(do_publish(url, claims, window=window))
+    messages = load_messages(list(files), id_field)
+    report = asyncio.run(
+        do_publish(url, messages, window=window, exchange=exchange, routing_key=routing_key)
+    )
     if as_json:
         emit_json(report.as_dict())
         return
-    console().print(f"published {report.published} claim(s) to eai.claim, all confirmed")
+    # The claims preset's line is today's, word for word; any other target says message(s).
+    noun = (
+        "claim(s)"
+        if (exchange, routing_key, id_field) == ("eai.claim", "claim", "guid")
+        else "message(s)"
+    )
+    console().print(
+        f"published {report.published} {noun} to {exchange or 'the default exchange'},"
+        " all confirmed",
+        markup=False,
+    )
 
 
 @mq.command()
@@ -235,23 +312,46 @@ def _print_consume(result: Any, db: Path) -> None:
 
 
 @mq.command()
+@click.option("--queue", metavar="Q", help="Input queue to read (default claim.in).")
+@click.option(
+    "--dead-letter-queue",
+    metavar="D",
+    help="Dead-letter queue to read (default claim.dead; with --queue, STEM.dead as"
+    " `mq topology --queue` names it).",
+)
 @click.option("--node", help="RabbitMQ node for rabbitmqctl -n (default: rabbitmqctl's own).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def status(node: str | None, as_json: bool) -> None:
-    """Messages and unacked of claim.in and claim.dead, and the memory watermark.
+def status(
+    queue: str | None, dead_letter_queue: str | None, node: str | None, as_json: bool
+) -> None:
+    """Messages and unacked of a queue and its dead-letter queue, and the memory watermark.
 
-    Reads the broker through rabbitmqctl (JSON formatter) for the vhost of
-    EAI_AMQP_URL; needs rabbitmqctl on PATH.
+    The queues are claim.in and claim.dead unless --queue / --dead-letter-queue
+    name others (--queue invoice.in reads invoice.in and invoice.dead, as
+    `mq topology --queue invoice.in` declares them). Reads the broker through
+    rabbitmqctl (JSON formatter) for the vhost of EAI_AMQP_URL; needs rabbitmqctl
+    on PATH.
 
     \b
     Example:
       onceq mq status --node rabbit@localhost --json
+      onceq mq status --queue invoice.in
     """
     from onceq.amqp.status import status as read_status
+    from onceq.amqp.topology import Topology, name_problem
     from onceq.amqp.url import vhost_of
+    from onceq.errors import UsageError
 
+    names = Topology.from_options(queue, dead_letter_queue=dead_letter_queue)
+    for option, value in (
+        ("--queue", names.queue),
+        ("--dead-letter-queue", names.dead_letter_queue),
+    ):
+        why = name_problem(value, declared=False)
+        if why:
+            raise UsageError(f"{option}: {value!r}: {why}")
     url = _url()
-    doc = read_status(vhost_of(url), node)
+    doc = read_status(vhost_of(url), node, (names.queue, names.dead_letter_queue))
     if as_json:
         emit_json(doc)
         return

@@ -13,12 +13,14 @@ from onceq.cli.output import emit_json
 @click.argument("dest", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
 def sample(dest: Path, as_json: bool) -> None:
-    """Copy the built-in sample into DEST/orders/ (20 orders) and DEST/claims/ (9 claims).
+    """Copy the built-in sample into DEST/orders/, DEST/claims/ and DEST/invoices/.
 
     The orders are the directory-queue sample (3 re-sent copies, 1 file that does
     not parse, 1 missing its amount); the claims are the RabbitMQ sample (1 re-sent
-    copy, 1 without docs, 1 BUSY). Refused with exit 4, nothing copied, when any
-    of the target files exists already.
+    copy, 1 without docs, 1 BUSY); the 8 invoices are the "your own flow" example
+    (1 re-sent copy, 1 negative total, 1 BUSY customer, 1 without an id).
+    Refused with exit 4, nothing copied, when any of the target files exists
+    already.
 
     \b
     Example:
@@ -34,5 +36,6 @@ def sample(dest: Path, as_json: bool) -> None:
         return
     click.echo(
         f"{dest}: {len(written['orders'])} orders in {dest / 'orders'}, "
-        f"{len(written['claims'])} claims in {dest / 'claims'}"
+        f"{len(written['claims'])} claims in {dest / 'claims'}, "
+        f"{len(written['invoices'])} invoices in {dest / 'invoices'}"
     )

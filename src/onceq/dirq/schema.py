@@ -13,7 +13,9 @@ each object's keys in document order. `type` is the JSON type name (string,
 integer, number, boolean, object, array, null); a field seen as both integer and
 number is `number` (JSON does not distinguish them, JavaScript would not either);
 any other mix is the type names joined by `|`, sorted, so that nothing is hidden.
-`role` is `idempotency-key` for the id field, `sequence` for the sequence field.
+`role` is `idempotency-key` for the spec's id field, `sequence` for its seq field
+(any `onceq.message.MessageSpec`; the orders preset by default). The rows are the
+top-level fields: a dotted id or seq path marks no row.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from onceq.consumer import Outcome
 from onceq.dirq.files import is_message_name
-from onceq.dirq.message import MessageSpec, decode, parse_document
 from onceq.dirq.queue import DirQueue
+from onceq.message import MessageSpec
+from onceq.presets import ORDERS
 from onceq.transport import Delivery, Kind
 
 HEADER = ("field", "type", "role")
@@ -62,7 +64,7 @@ def merge_types(types: Iterable[str]) -> str:
 
 def valid_documents(queue: DirQueue, spec: MessageSpec | None = None) -> Iterator[dict[str, Any]]:
     """The decoded object of every valid message in inbox/ and done/, by file name."""
-    spec = spec or MessageSpec()
+    spec = spec or ORDERS
     queue.check()
     for folder in SOURCES:
         base = queue.folder(folder)
@@ -83,23 +85,22 @@ def valid_documents(queue: DirQueue, spec: MessageSpec | None = None) -> Iterato
                 # readable: either way not a message whose fields we can know here.
                 continue
             delivery = Delivery(body=body, ref=name, headers={"size": len(body)})
-            if decode(delivery, spec).kind is not Kind.SUCCESS:
-                continue
-            doc = parse_document(body, spec)
-            if not isinstance(doc, Outcome):
-                yield doc
+            out = spec.decode(delivery)
+            if out.kind is Kind.SUCCESS:
+                yield out.fields["doc"]
 
 
 def infer(
     docs: Iterable[dict[str, Any]], spec: MessageSpec | None = None
 ) -> list[tuple[str, str, str]]:
     """(field, type, role) for every field that occurs in docs, in first-seen order."""
-    spec = spec or MessageSpec()
+    spec = spec or ORDERS
     types: dict[str, set[str]] = {}
     for doc in docs:
         for key, value in doc.items():
             types.setdefault(key, set()).add(json_type(value))
     roles = {spec.id_field: "idempotency-key", spec.seq_field: "sequence"}
+    roles.pop(None, None)
     return [(name, merge_types(t), roles.get(name, "")) for name, t in types.items()]
 
 

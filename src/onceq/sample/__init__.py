@@ -7,6 +7,11 @@ parse; msg-015.json has no amount.
 Claims (claims/*.json): 9 claim files for the RabbitMQ pipeline: 6 accepted, 1
 re-sent copy of claim-002, one without docs (the claim system answers 422) and
 one whose claimId starts with BUSY (503 every time).
+
+Invoices (invoices/*.json): 8 files in the shape of the invoice example
+(`onceq partner invoices`): 4 accepted (INV-1, INV-2, INV-3 and "INV 7/A", whose id
+needs URL-encoding), 1 re-sent copy of INV-1, 1 negative total (the partner answers
+422), 1 whose customer starts with BUSY (503 every time) and 1 without an invoiceId.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from onceq.errors import Conflict, UsageError
 
 # Where `copy_sample` puts each set under the target folder.
-SETS = {"orders": "", "claims": "claims"}
+SETS = {"orders": "", "claims": "claims", "invoices": "invoices"}
 
 
 def sample_dir() -> Path:
