@@ -231,7 +231,11 @@ def _flow_composed(root: Path, db: Path, sql: object) -> int:
     from onceq.dirq.worker import Worker
     from onceq.ledger import Ledger
 
-    spec = message.MessageSpec(id_field="invoiceId", required=("invoiceId", "customer", "total"))
+    try:  # the generic spec of issue 7 (onceq.dirq.message's is the orders preset)
+        from onceq.message import MessageSpec
+    except ImportError:
+        MessageSpec = message.MessageSpec  # type: ignore[misc]
+    spec = MessageSpec(id_field="invoiceId", required=("invoiceId", "customer", "total"))
     decode = getattr(spec, "decode", None) or (lambda d: message.decode(d, spec))
     queue = DirQueue(root).check()
     with (
