@@ -1,6 +1,7 @@
 """End-to-end consumer throughput: `onceq mq consume` between a baseline and a ceiling.
 
-    python bench/mq_end_to_end.py [--messages 3000] [--prefetch 5] [--compare PATH]
+    python bench/mq_end_to_end.py [--messages 3000] [--prefetch 5] [--rounds 1]
+                                   [--compare PATH]
 
 Both consume the same number of queued claims in a temporary vhost, POST each to
 the claim-system stub (`onceq partner claim --delay 0`), record it in SQLite, and
@@ -99,6 +100,7 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--prefetch", type=int, default=5, help="onceq mq consume --prefetch")
     ap.add_argument("--target", type=float, default=1.5, help="required ratio vs baseline")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each side, rotated; best shown")
     compare.add_argument(ap)
     args = ap.parse_args()
     n, prefetch = args.messages, args.prefetch
@@ -122,59 +124,68 @@ def main() -> int:
             )
         mc.topology(vhost)
 
-        mc.publish(vhost, mc.write_claims(work / "claims-base", n, "base"))
-        mc.stub_reset(claim)
-        cpu0 = mc.own_cpu()
-        sequential(vhost, claim, work / "base.db", n)
-        base_cpu = mc.own_cpu() - cpu0
-        mc.check_drained(vhost, claim, n, "baseline")
-        base = mc.ledger_span(work / "base.db")
-
-        mc.publish(vhost, mc.write_claims(work / "claims-ceil", n, "ceil"))
-        mc.stub_reset(claim)
-        ceil = mc.bare_consumer(vhost, claim, n, prefetch)
-        mc.check_drained(vhost, claim, n, "ceiling")
-
-        runs: list[tuple[str, mc.ConsumerRun]] = []
-        for label, checkout in (("ours", None), ("other", other)):
-            if label == "other" and checkout is None:
-                continue
-            mc.publish(vhost, mc.write_claims(work / f"claims-{label}", n, label))
+        def one(key: str, tag: str) -> tuple[mc.Span, float]:
+            """One side over n freshly queued claims: (its span, its CPU seconds)."""
+            mc.publish(vhost, mc.write_claims(work / f"claims-{tag}", n, tag))
             mc.stub_reset(claim)
-            run = mc.run_consumer(
-                vhost, claim, work / f"{label}.db", n, prefetch, checkout=checkout
-            )
-            mc.check_drained(vhost, claim, n, f"onceq ({label})")
-            runs.append((label, run))
+            if key == "base":
+                cpu0 = mc.own_cpu()
+                sequential(vhost, claim, work / f"{tag}.db", n)
+                cpu = mc.own_cpu() - cpu0
+                mc.check_drained(vhost, claim, n, "baseline")
+                return mc.ledger_span(work / f"{tag}.db"), cpu
+            if key == "ceil":
+                run = mc.bare_consumer(vhost, claim, n, prefetch)
+            else:
+                checkout = other if key == "other" else None
+                run = mc.run_consumer(
+                    vhost, claim, work / f"{tag}.db", n, prefetch, checkout=checkout
+                )
+            mc.check_drained(vhost, claim, n, key)
+            walls[key] = max(walls.get(key, 0.0), n / run.wall)
+            return run.span, run.cpu
 
-    def row(label: str, span: mc.Span, cpu: float) -> tuple[str, ...]:
+        keys = ["base", "ceil", "ours", *(["other"] if other else [])]
+        best: dict[str, tuple[mc.Span, float]] = {}
+        walls: dict[str, float] = {}
+        for r in range(args.rounds):
+            # Each round starts one side later, so that no side always follows the same
+            # one (a run can find the broker still busy with the previous one's queue).
+            shift = r % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                span, cpu = one(key, f"{key}-{r}")
+                if key not in best or span.rate > best[key][0].rate:
+                    best[key] = (span, cpu)
+
+    base, ceil = best["base"][0], best["ceil"][0]
+
+    def row(label: str, key: str) -> tuple[str, ...]:
+        span, cpu = best[key]
         return (
             label,
             f"{span.rate:.0f}",
             f"{span.rate / base.rate:.1f}x",
-            f"{span.rate / ceil.span.rate:.2f}",
+            f"{span.rate / ceil.rate:.2f}",
             f"{span.counted}/{span.seconds:.2f}s",
             f"{cpu / n * 1000:.2f}",
         )
 
     print()
     rows = [
-        row("baseline: pika, 1 at a time, commit per message", base, base_cpu),
-        row(f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", ceil.span, ceil.cpu),
+        row("baseline: pika, 1 at a time, commit per message", "base"),
+        row(f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", "ceil"),
+        row(f"onceq mq consume --prefetch {prefetch}", "ours"),
     ]
-    for label, run in runs:
-        name = f"onceq mq consume --prefetch {prefetch}"
-        if label == "other":
-            assert other is not None
-            name = f"  the same, {other.label}"
-        rows.append(row(name, run.span, run.cpu))
-    mc.table(("consumer", "msg/s", "vs base", "of ceil", "counted/span", "CPU ms/msg"), rows)
-    ours = runs[0][1]
-    print(f"(onceq wall from process start, start-up included: {n / ours.wall:.0f} msg/s;")
-    print(" CPU ms/msg: the consumer's own process, start-up included for onceq)")
     if other:
-        print(f"\nthis / {other.label}: {ours.span.rate / runs[1][1].span.rate:.2f}")
-    met = mc.verdict("onceq / baseline", ours.span.rate / base.rate, args.target)
+        rows.append(row(f"  the same, {other.label}", "other"))
+    mc.table(("consumer", "msg/s", "vs base", "of ceil", "counted/span", "CPU ms/msg"), rows)
+    print(f"(onceq wall from process start, start-up included: {walls['ours']:.0f} msg/s;")
+    print(" CPU ms/msg: the consumer's own process, start-up included for onceq;")
+    print(f" best of {args.rounds} round(s) each)")
+    ours = best["ours"][0]
+    if other:
+        print(f"\nthis / {other.label}: {ours.rate / best['other'][0].rate:.2f}")
+    met = mc.verdict("onceq / baseline", ours.rate / base.rate, args.target)
     return 0 if met else 1
 
 
