@@ -242,7 +242,7 @@ class Probe:
 def probe(base: str, n: int, concurrency: int, client: str = "aiohttp") -> Probe:
     """n POSTs of a sample claim with `concurrency` in flight; no broker involved.
 
-    client "aiohttp" (the cheapest asyncio client here, and what onceq's ClaimHandler
+    client "aiohttp" (the cheapest asyncio client here, and what onceq's HttpEffect
     uses: it measures the stub) or "httpx" (httpx.AsyncClient, which the handler used
     before measurement moved it to aiohttp: ~5x the CPU per request).
     """

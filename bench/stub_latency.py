@@ -6,7 +6,7 @@ Starts `python -m onceq partner claim --delay D` for D = 0 and 0.05 and sends it
 `--requests` POSTs of a sample claim with C requests in flight, no broker
 involved, through two asyncio clients:
 
-- aiohttp.ClientSession: the cheapest client here and the one onceq's ClaimHandler
+- aiohttp.ClientSession: the cheapest client here and the one onceq's HttpEffect
   uses, so its figure is the closest to the stub's own capacity and the most a
   consumer can get from the stub on this machine;
 - httpx.AsyncClient: shown for comparison (the handler used it before measurement

@@ -24,6 +24,12 @@ _LAZY = {
     "Kind": "onceq.transport",
     "Settle": "onceq.transport",
     "decide": "onceq.transport",
+    "Flow": "onceq.flow",
+    "DirSource": "onceq.flow",
+    "RabbitSource": "onceq.flow",
+    "run": "onceq.runner",
+    "run_async": "onceq.runner",
+    "load_flows": "onceq.flowfile",
 }
 
 __all__ = ["OnceqError", *_LAZY]

@@ -65,7 +65,15 @@ async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
 
 
 # The counters a summary reports, in the order it reports them.
-COUNTS = ("received", "processed", "duplicates", "recovered", "requeued", "dead")
+COUNTS = (
+    "received",
+    "processed",
+    "duplicates",
+    "partner_duplicates",
+    "recovered",
+    "requeued",
+    "dead",
+)
 
 
 @dataclass
@@ -83,6 +91,10 @@ class Stats:
     received: int = 0
     processed: int = 0
     duplicates: int = 0
+    # Done, but the partner said it already had it (an HTTP 409 by default): the
+    # message is recorded like any success and counted apart, so a run that only
+    # re-sent what a partner held does not read as one that created everything.
+    partner_duplicates: int = 0
     recovered: int = 0  # committed by a crashed run; only the settle was redone
     requeued: int = 0
     dead: int = 0
@@ -94,7 +106,10 @@ class Stats:
         if e.recovered:
             self.recovered += 1
         elif e.kind is Kind.SUCCESS:
-            self.processed += 1
+            if e.fields.get("partner_duplicate"):
+                self.partner_duplicates += 1
+            else:
+                self.processed += 1
         elif e.kind is Kind.DUPLICATE:
             self.duplicates += 1
         elif e.settle is Settle.REQUEUE:
@@ -111,7 +126,8 @@ class Stats:
         A run that only failed deserves more than a count buried in a summary line
         (a wrong --required, a claim system that refuses everything).
         """
-        return self.dead > 0 and self.processed == self.duplicates == self.recovered == 0
+        done = self.processed + self.duplicates + self.partner_duplicates + self.recovered
+        return self.dead > 0 and done == 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS if k != "dead"}
@@ -125,7 +141,8 @@ class Stats:
         """Add another run's `as_dict()` (a --workers child's report) to these counts."""
         for k in COUNTS:
             key = self.dead_word if k == "dead" else k
-            setattr(self, k, getattr(self, k) + d[key])
+            # .get: a report of an older onceq (no partner_duplicates) still merges.
+            setattr(self, k, getattr(self, k) + d.get(key, 0))
         self.reasons.update(d["reasons"])
         self.requeued_reasons.update(d["requeued_reasons"])
 
@@ -335,7 +352,9 @@ class Consumer:
         if o.kind in (Kind.REJECTED, Kind.TRANSIENT) and d.msg_id is not None:
             attempt = self.ledger.failed_attempts(d.msg_id) + 1
         settle = decide(o.kind, d.redelivered, attempt, self.max_attempts)
-        return Entry(d, o.kind, settle, o.reason, o.detail, attempt, o.fields)
+        return Entry(
+            d, o.kind, settle, o.reason, o.detail, attempt, o.fields, max_attempts=self.max_attempts
+        )
 
     async def _commit_loop(self) -> None:
         stopping = False

@@ -1,18 +1,22 @@
-"""The idempotency ledger: SQLite, one row per message id that took effect.
+"""The idempotency ledger: SQLite, one row per (flow, message id) that took effect.
 
-The primary key of `processed` is what makes consumption effectively once: the
+The primary key of `messages` is what makes consumption effectively once: the
 second copy of a message finds its row and is refused by the database, not by an
 `if` that two processes could both pass. Everything else recorded about a message
-(a duplicate sighting, a failure and what was done about it) is written in the
-same transaction as that row, and the transport settles (moves the file, acks the
-delivery) only after the transaction is durable.
+(a duplicate sighting, a failure and what was done about it, a flow's SQL effect)
+is written in the same transaction as that row, and the transport settles (moves
+the file, acks the delivery) only after the transaction is durable.
 
-Only the consume loop writes here (plus `replay`, which records a human's action).
+Every read and write is scoped to the ledger's flow: two flows in one file never
+refuse each other's ids. Only the consume loop writes here (plus `replay`, which
+records a human's action).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,18 +24,33 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from onceq.errors import LedgerError
+from onceq import ledger_sql
+from onceq.effect import SqlEffect
+from onceq.errors import LedgerError, UsageError
 from onceq.ledger_db import connect, connect_or_create, deny_attach
-from onceq.ledger_values import is_data_error, text, unstorable
+from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure, record_successes
+from onceq.ledger_values import is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
-# Rows per multi-row INSERT: 7 parameters each stays far below SQLite's limit of
-# 32766 bound parameters; one statement instead of one per message.
-BULK_ROWS = 500
+# The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
+# SQLite's JSON functions would refuse the row).
+_encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DEFAULT_FLOW = "default"
 
 
 def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def check_flow_name(name: str) -> str:
+    if not isinstance(name, str) or not FLOW_NAME.fullmatch(name):
+        raise UsageError(
+            f"flow {name!r}: not a flow name (letters, digits, '_', '.', '-';"
+            " 1 to 64, starting with a letter or digit)"
+        )
+    return name
 
 
 @dataclass(eq=False)
@@ -39,8 +58,10 @@ class Entry:
     """One delivery's outcome on its way into the ledger.
 
     The loop fills kind/settle/reason; `commit` may turn a SUCCESS into a
-    DUPLICATE (another process won the primary key) or into REJECTED (the
-    business write failed), and says so in `kind`, `settle` and `reason`.
+    DUPLICATE (another process won the primary key), REJECTED (the database refused
+    its row) or a failure of its SQL effect, and says so in `kind`, `settle` and
+    `reason`. `max_attempts` is the loop's, for an SQL effect's failure to be decided
+    like any other. `row` is its `messages` row, built once by `commit`.
     """
 
     delivery: Delivery
@@ -51,12 +72,14 @@ class Entry:
     attempt: int = 1
     fields: dict[str, Any] = field(default_factory=dict)
     recovered: bool = False  # the row already names this very copy: a crash after commit
+    max_attempts: int = 1
+    row: tuple[Any, ...] = field(default=(), repr=False)
 
     def _state(self) -> tuple[Any, ...]:
-        return (self.kind, self.settle, self.reason, self.detail, self.recovered)
+        return (self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt)
 
     def _restore(self, state: tuple[Any, ...]) -> None:
-        self.kind, self.settle, self.reason, self.detail, self.recovered = state
+        self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt = state
 
     def _refuse(self, detail: str) -> None:
         """The ledger cannot record this success: it becomes a dead letter, with why."""
@@ -65,25 +88,48 @@ class Entry:
 
 
 class Ledger:
-    """The ledger at `path`. `source` tags rows ('dirq', 'amqp').
+    """The ledger at `path`, for the flow `flow`. `source` tags rows ('dirq', 'amqp').
 
-    With create=True a missing file is made (never its folder: LedgerError), and
-    `created` says so; with create=False it is NotFound.
+    `sql` is the flow's SQL effect: its `setup` runs when the ledger opens, its
+    function (or bulk form) in every group commit. With create=True a missing file is
+    made (never its folder: LedgerError), and `created` says so; with create=False it
+    is NotFound. A 0.1.0 ledger is migrated on open (`onceq.ledger_migrate`).
     """
 
-    def __init__(self, path: str | Path, source: str = "dirq", *, create: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        source: str = "dirq",
+        *,
+        flow: str = DEFAULT_FLOW,
+        sql: SqlEffect | None = None,
+        create: bool = True,
+    ) -> None:
         self.path = Path(path)
         self.source = source
+        self.flow = check_flow_name(flow)
+        self.sql = sql
         # `created`: this open made the ledger, so it has seen no message. The caller
         # says so: a new ledger in front of an old queue applies every message again.
         self._write, self.created = connect_or_create(self.path, create=create)
-        # A second connection for reads, so a read never waits on (or runs inside) the
-        # writer's transaction when the loop commits from a worker thread.
         try:
+            if sql is not None and sql.setup:
+                self._setup(sql.setup)
+            # A second connection for reads, so a read never waits on (or runs inside)
+            # the writer's transaction when the loop commits from a worker thread.
             self._read = connect(self.path, create=False)
         except BaseException:
             self._write.close()
             raise
+
+    def _setup(self, ddl: str) -> None:
+        try:
+            # One transaction: a concurrent opener never sees half of the business tables.
+            self._write.executescript(f"BEGIN IMMEDIATE;\n{ddl}\n;COMMIT;")
+        except sqlite3.Error as exc:
+            if self._write.in_transaction:
+                self._write.execute("ROLLBACK")
+            raise LedgerError(f"{self.path}: the SQL effect's setup failed: {exc}") from exc
 
     def close(self) -> None:
         self._write.close()
@@ -95,39 +141,63 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- reads ----------------------------------------------------------------------
+    # --- reads (this flow's) ----------------------------------------------------------
 
     def processed_ref(self, msg_id: str) -> str | None:
         """The ref that took effect for msg_id, '' when it has none, None when unseen."""
-        row = self._q1("SELECT ref FROM processed WHERE msg_id = ?", (msg_id,))
+        row = self._q1(
+            "SELECT ref FROM messages WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
+        )
         return None if row is None else (row[0] or "")
 
     def failed_attempts(self, msg_id: str) -> int:
-        row = self._q1("SELECT count(*) FROM failures WHERE msg_id = ?", (msg_id,))
+        row = self._q1(
+            "SELECT count(*) FROM failures WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
+        )
         return int(row[0]) if row else 0
 
-    def counts(self) -> dict[str, int]:
+    def failures_in(self, conn: sqlite3.Connection, msg_id: str | None) -> int:
+        """failed_attempts inside the writer's open transaction."""
+        return int(
+            conn.execute(
+                "SELECT count(*) FROM failures WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
+            ).fetchone()[0]
+        )
+
+    def counts(self, *, all_flows: bool = False) -> dict[str, int]:
+        """Rows per table for this flow ('processed' = messages that took effect), or
+        for every flow in the file with all_flows=True."""
+        where, args = ("", ()) if all_flows else (" WHERE flow = ?", (self.flow,))
         out = {}
-        for table in ("processed", "duplicates", "failures", "replays"):
-            out[table] = int(self._q1(f"SELECT count(*) FROM {table}", ())[0])
+        for key, table in (
+            ("processed", "messages"),
+            ("duplicates", "duplicates"),
+            ("failures", "failures"),
+            ("replays", "replays"),
+        ):
+            out[key] = int(self._q1(f"SELECT count(*) FROM {table}{where}", args)[0])  # type: ignore[index]
         return out
 
     def duplicate_ids(self) -> list[str]:
-        rows = self._rows("SELECT DISTINCT msg_id FROM duplicates ORDER BY msg_id")[1]
+        rows = self._rows(
+            "SELECT DISTINCT msg_id FROM duplicates WHERE flow = ? ORDER BY msg_id", (self.flow,)
+        )[1]
         return [r[0] for r in rows]
 
     def last_failure(self, ref: str) -> tuple[str, str] | None:
         """(reason, detail) of the newest failure recorded for `ref`."""
         row = self._q1(
-            "SELECT reason, detail FROM failures WHERE ref = ? ORDER BY id DESC LIMIT 1",
-            (text(ref),),
+            "SELECT reason, detail FROM failures WHERE ref = ? AND flow = ?"
+            " ORDER BY id DESC LIMIT 1",
+            (text(ref), self.flow),
         )
         return None if row is None else (row[0], row[1])
 
     def dead_letters(self) -> list[dict[str, Any]]:
         cols, rows = self._rows(
             "SELECT msg_id, ref, reason, detail, attempt, at FROM failures"
-            " WHERE action = 'dead' ORDER BY id"
+            " WHERE flow = ? AND action = 'dead' ORDER BY id",
+            (self.flow,),
         )
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
@@ -147,9 +217,9 @@ class Ledger:
             self._read.set_authorizer(None)
             self._read.execute("PRAGMA query_only=OFF")
 
-    def _rows(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
-            cur = self._read.execute(sql)
+            cur = self._read.execute(sql, args)
             return [c[0] for c in cur.description], cur.fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"{self.path}: read failed: {exc}") from exc
@@ -184,23 +254,24 @@ class Ledger:
     def commit(self, entries: Iterable[Entry]) -> None:
         """Record a group of outcomes in one durable transaction.
 
-        SUCCESS inserts the `processed` row with ON CONFLICT DO NOTHING; no row back
+        SUCCESS inserts the `messages` row with ON CONFLICT DO NOTHING; no row back
         means another copy got there first, and the entry becomes a DUPLICATE (or
-        `recovered`, when the row names this very copy). A business write that the
-        database refuses is undone alone and that entry is rejected; the rest of the
-        group commits. A failure that a crashed run already recorded for this very
-        copy is not recorded twice (`recovered`). A success whose values SQLite cannot
-        bind (`onceq.ledger_values`) becomes a dead letter, reason ledger-refused, and
-        the rest of its group commits; a database error (I/O, disk, schema) is the
-        ledger's and fails the whole group with LedgerError.
+        `recovered`, when the row names this very copy). Then the flow's SQL effect
+        runs for each entry that won its row (`onceq.ledger_sql`): one that fails is
+        undone alone, row and all. A failure that a crashed run already recorded for
+        this very copy is not recorded twice (`recovered`). A success whose values
+        SQLite cannot store (`onceq.ledger_values`) becomes a dead letter, reason
+        ledger-refused, and the rest of its group commits; a database error (I/O,
+        disk, schema) is the ledger's and fails the whole group with LedgerError.
         """
         now = utcnow()
         entries = list(entries)
         for e in entries:
             if e.kind is Kind.SUCCESS:
-                # One message's value that SQLite cannot bind (an int over 64 bits, a
-                # lone surrogate) would fail the whole group: it is refused alone.
-                problem = self._unstorable(e, now)
+                # Built once here, checked as it is built: one message's value that
+                # SQLite cannot bind (an int over 64 bits, a lone surrogate) would fail
+                # the whole group, so it is refused alone.
+                problem = self._build_row(e, now)
                 if problem:
                     e._refuse(problem)
         states = [e._state() for e in entries]
@@ -219,12 +290,27 @@ class Ledger:
                 for e in entries:
                     self._write_alone(conn, e, now)
 
-    def _unstorable(self, e: Entry, now: str) -> str:
-        columns = ("msg_id", "order_no", "seq", "amount")
-        for name, value in zip(columns, self._row(e, now), strict=False):
+    def _build_row(self, e: Entry, now: str) -> str:
+        """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''."""
+        f = e.fields
+        msg_id, grp, seq = e.delivery.msg_id, f.get("group"), f.get("seq")
+        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
             why = unstorable(value)
             if why:
                 return f"{name}: {why}"
+        kept_values = f.get("kept")
+        if kept_values:
+            try:
+                # One encoder made once: json.dumps with options builds a new one per call.
+                kept = _encode_kept(kept_values)
+            except (TypeError, ValueError) as exc:
+                return f"kept: {exc}"
+            if not is_utf8(kept):
+                return "kept: text with a lone surrogate"
+        else:
+            kept = "{}"
+        dup = 1 if f.get("partner_duplicate") else 0
+        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, text(e.delivery.ref))
         return ""
 
     def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
@@ -240,149 +326,27 @@ class Ledger:
         conn.execute("RELEASE entry")
 
     def _write_entries(self, conn: sqlite3.Connection, entries: list[Entry], now: str) -> None:
-        self._record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS], now)
+        won, lost = record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS])
+        ledger_sql.apply(self, conn, won)
+        if lost and any(w.kind is not Kind.SUCCESS for w in won):
+            # A second copy in this group lost to a winner whose effect then failed:
+            # it took no effect either, so it shares the verdict (never acked as done).
+            failed = {w.delivery.msg_id: w for w in won if w.kind is not Kind.SUCCESS}
+            for e in lost:
+                if (w := failed.get(e.delivery.msg_id)) is not None:
+                    ledger_sql.same_verdict(e, w)
         for e in entries:
             if e.kind is Kind.DUPLICATE:
-                self._record_duplicate(conn, e, now)
+                record_duplicate(conn, self.flow, self.source, e, now)
             elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                if self._failure_recorded(conn, e):
+                if failure_recorded(conn, self.flow, self.source, e):
                     e.recovered = True
-                    continue
-                conn.execute(
-                    "INSERT INTO failures (msg_id, ref, source, reason, detail, attempt,"
-                    " action, at) VALUES (?,?,?,?,?,?,?,?)",
-                    (
-                        # A failure row is the record of a message that went wrong, so
-                        # nothing in it may be refused: texts go through `text`.
-                        text(e.delivery.msg_id),
-                        text(e.delivery.ref),
-                        self.source,
-                        text(e.reason),
-                        text(e.detail),
-                        e.attempt,
-                        "requeue" if e.settle is Settle.REQUEUE else "dead",
-                        now,
-                    ),
-                )
-
-    def _record_successes(self, conn: sqlite3.Connection, group: list[Entry], now: str) -> None:
-        """Insert the `processed` rows of a group, many per statement.
-
-        One multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk: the rows
-        it returns are the copies that took effect; every other entry lost to the
-        primary key (an earlier row, or an earlier copy in the same statement) and
-        becomes a DUPLICATE. A chunk in which the database refuses a row, or in which
-        two entries could not be told apart by (msg_id, ref), goes row by row.
-        """
-        for i in range(0, len(group), BULK_ROWS):
-            chunk = group[i : i + BULK_ROWS]
-            keys = [(e.delivery.msg_id, text(e.delivery.ref)) for e in chunk]
-            if len(set(keys)) < len(keys):
-                for e in chunk:
-                    self._record_success(conn, e, now)
-                continue
-            args: list[Any] = []
-            for e in chunk:
-                args += self._row(e, now)
-            try:
-                won = set(
-                    conn.execute(
-                        "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at,"
-                        " source, ref) VALUES "
-                        + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk))
-                        + " ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id, ref",
-                        args,
-                    ).fetchall()
-                )
-            except sqlite3.Error:
-                if not conn.in_transaction:
-                    raise
-                for e in chunk:  # the statement was undone: find the row it refused
-                    self._record_success(conn, e, now)
-                continue
-            for e, key in zip(chunk, keys, strict=True):
-                if key not in won:  # the primary key refused a second copy
-                    e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
-
-    def _row(self, e: Entry, now: str) -> tuple[Any, ...]:
-        """The `processed` row of a successful entry, in INSERT column order."""
-        f = e.fields
-        return (
-            e.delivery.msg_id,
-            f.get("order_no"),
-            f.get("seq"),
-            f.get("amount"),
-            now,
-            self.source,
-            text(e.delivery.ref),
-        )
-
-    def _record_success(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
-        # No SAVEPOINT around the insert (it cost two statements per message): when a
-        # statement breaks a constraint, SQLite undoes that statement alone and keeps
-        # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
-        # would give. Only a constraint (a CHECK, a trigger's RAISE) refuses *this
-        # message*; any other error (disk full, I/O, a broken trigger or schema) is the
-        # ledger's and is re-raised: the group fails as one and its files stay for the
-        # next run, instead of every good message being quarantined.
-        try:
-            row = conn.execute(
-                "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
-                " VALUES (?,?,?,?,?,?,?) ON CONFLICT(msg_id) DO NOTHING RETURNING msg_id",
-                self._row(e, now),
-            ).fetchone()
-        except sqlite3.IntegrityError as exc:
-            if not conn.in_transaction:
-                raise
-            e.kind, e.settle = Kind.REJECTED, Settle.DEAD
-            e.reason, e.detail = "ledger-refused", str(exc)
-            return
-        if row is None:  # the primary key refused a second copy
-            e.kind = Kind.DUPLICATE
-            e.settle = Settle.ACK
-
-    def _failure_recorded(self, conn: sqlite3.Connection, e: Entry) -> bool:
-        """Did a crashed run already record this very copy's failure?
-
-        Only a redelivered copy with a stable ref can tell (a file taken over from a
-        dead consumer): if its newest failure row is newer than its newest replay,
-        the crash fell between that commit and the move to error/, and only the
-        move is left to do. Without this, every such crash would add a failure row.
-        """
-        d = e.delivery
-        if not (d.redelivered and d.stable_ref):
-            return False
-        row = conn.execute(
-            "SELECT max(at) FROM failures WHERE ref = ? AND source = ? AND action = 'dead'",
-            (text(d.ref), self.source),
-        ).fetchone()
-        if row is None or row[0] is None:
-            return False
-        replayed = conn.execute(
-            "SELECT max(at) FROM replays WHERE ref = ?", (text(d.ref),)
-        ).fetchone()
-        return replayed is None or replayed[0] is None or replayed[0] < row[0]
-
-    def _record_duplicate(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
-        row = conn.execute(
-            "SELECT ref, source FROM processed WHERE msg_id = ?", (e.delivery.msg_id,)
-        ).fetchone()
-        d = e.delivery
-        if d.stable_ref and row is not None and row[0] == text(d.ref) and row[1] == self.source:
-            # The row names this very file: we crashed after the commit and before the
-            # move. It is finished work, not a duplicate.
-            e.recovered = True
-            return
-        new = conn.execute(
-            "INSERT INTO duplicates (msg_id, ref, seen_at) VALUES (?,?,?)"
-            " ON CONFLICT(msg_id, ref) DO NOTHING RETURNING msg_id",
-            (e.delivery.msg_id, text(e.delivery.ref), now),
-        ).fetchone()
-        if new is None and d.stable_ref and d.redelivered:
-            # This very copy (a file taken over from a dead consumer) was already
-            # recorded as a duplicate before the crash: only its move was left.
-            e.recovered = True
+                else:
+                    record_failure(conn, self.flow, self.source, e, now)
 
     def record_replay(self, ref: str) -> None:
         with self._transaction() as conn:
-            conn.execute("INSERT INTO replays (ref, at) VALUES (?,?)", (text(ref), utcnow()))
+            conn.execute(
+                "INSERT INTO replays (flow, ref, at) VALUES (?,?,?)",
+                (self.flow, text(ref), utcnow()),
+            )

@@ -2,7 +2,13 @@
 
 `connect` opens (and, when asked, creates) a ledger with WAL, synchronous=FULL and a
 long busy timeout, and refuses a database of another schema before writing to it.
-The record-keeping itself is `onceq.ledger.Ledger`.
+A ledger of onceq 0.1.0 (no schema version) is migrated in place on first open
+(`onceq.ledger_migrate`). The record-keeping itself is `onceq.ledger.Ledger`.
+
+The schema carries its version in `PRAGMA user_version` (a field of the file's
+header, written in the same transaction as the tables): 0 is 0.1.0's (or no onceq
+ledger yet), 2 is this one. A version above ours is a newer onceq's ledger and is
+refused: writing to a schema we do not know could break its rules silently.
 """
 
 from __future__ import annotations
@@ -14,39 +20,49 @@ from pathlib import Path
 
 from onceq.errors import LedgerError, NotFound
 
+VERSION = 2
+
+# WITHOUT ROWID: `messages` is only ever reached by its key, so the rows live in the
+# primary key's own B-tree (one tree to write per message, not a table and an index).
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS processed (
-    msg_id       TEXT PRIMARY KEY,
-    order_no     TEXT,              -- the business key: an order number, a claimId
-    seq          INTEGER,           -- the sender's sequence number within order_no
-    amount       REAL,
-    processed_at TEXT NOT NULL,     -- UTC, ISO 8601
-    source       TEXT NOT NULL DEFAULT 'dirq',
-    ref          TEXT               -- the file name / delivery that took effect
-);
+CREATE TABLE IF NOT EXISTS messages (
+    flow              TEXT NOT NULL,             -- the flow's name: dedup is per flow
+    msg_id            TEXT NOT NULL,
+    grp               TEXT,                      -- the flow's group field (order_no, claimId)
+    seq               INTEGER,                   -- the flow's sequence field
+    kept              TEXT NOT NULL DEFAULT '{}',-- the flow's keep paths, a JSON object
+    partner_duplicate INTEGER NOT NULL DEFAULT 0,-- the partner said it already had it
+    processed_at      TEXT NOT NULL,             -- UTC, ISO 8601
+    source            TEXT NOT NULL,             -- dirq | amqp
+    ref               TEXT,                      -- the file name / delivery that took effect
+    PRIMARY KEY (flow, msg_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS duplicates (
+    flow    TEXT NOT NULL,
     msg_id  TEXT NOT NULL,
     ref     TEXT NOT NULL,
     seen_at TEXT NOT NULL,
-    PRIMARY KEY (msg_id, ref)       -- a recovered copy is not counted twice
+    PRIMARY KEY (flow, msg_id, ref) -- a recovered copy is not counted twice
 );
 CREATE TABLE IF NOT EXISTS failures (
     id      INTEGER PRIMARY KEY,
+    flow    TEXT NOT NULL,
     msg_id  TEXT,                   -- NULL when the message never parsed
     ref     TEXT NOT NULL,
     source  TEXT NOT NULL,
-    reason  TEXT NOT NULL,          -- parse, missing-field, http-422, http-503, timeout …
+    reason  TEXT NOT NULL,          -- parse, missing-field, http-422, sql-rejected …
     detail  TEXT NOT NULL DEFAULT '',
     attempt INTEGER NOT NULL,
     action  TEXT NOT NULL,          -- requeue | dead
     at      TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS failures_msg ON failures(msg_id);
+CREATE INDEX IF NOT EXISTS failures_msg ON failures(flow, msg_id);
 CREATE INDEX IF NOT EXISTS failures_ref ON failures(ref);
 CREATE TABLE IF NOT EXISTS replays (
-    id  INTEGER PRIMARY KEY,
-    ref TEXT NOT NULL,
-    at  TEXT NOT NULL
+    id   INTEGER PRIMARY KEY,
+    flow TEXT NOT NULL,
+    ref  TEXT NOT NULL,
+    at   TEXT NOT NULL
 );
 """
 
@@ -83,7 +99,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
 def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3.Connection, bool]:
     """(connection, whether this call made the ledger's tables: a ledger that has seen
     nothing). With create=False a missing file is NotFound; with create=True a missing
-    folder is LedgerError (`check_folder`)."""
+    folder is LedgerError (`check_folder`). A 0.1.0 ledger is migrated first."""
+    from onceq.ledger_migrate import migrate
+
     p = Path(path)
     if not create and not p.exists():
         raise NotFound(f"{p}: no ledger database here")
@@ -98,7 +116,7 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
     try:
         # Checked before the first write (the WAL switch below writes a header): a file
         # that is not our ledger is refused exactly as it was found.
-        new = _check_schema(conn, p, create=create)
+        state = _check_schema(conn, p, create=create)
         # WAL lets readers (lag, report, the duplicate pre-check) run beside the writer.
         conn.execute("PRAGMA journal_mode=WAL")
         # FULL: the commit is on disk before we move a file or ack a delivery.
@@ -106,17 +124,22 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
         conn.execute("PRAGMA synchronous=FULL")
         # Several consumers queue for the write lock instead of failing "database is locked".
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        if create:
-            # One transaction: a concurrent opener never sees half a schema.
-            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
+        if state == "new":
+            # One transaction: a concurrent opener never sees half a schema, nor tables
+            # without their version.
+            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={VERSION};COMMIT;")
+        elif state == "v0":
+            migrate(conn, p)
     except (sqlite3.Error, OSError, LedgerError) as exc:
         # Close now: a sqlite3 connection sits in a reference cycle (its statement
         # cache), so left alone it would keep the file open until a garbage collection.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         conn.close()
         if isinstance(exc, LedgerError):
             raise
         raise _cannot_open(p, exc) from exc
-    return conn, new
+    return conn, state == "new"
 
 
 def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
@@ -124,45 +147,71 @@ def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
     return LedgerError(f"{p}: cannot open the ledger: {reason}")
 
 
-def _tables(conn: sqlite3.Connection) -> dict[str, set[str]]:
+def tables(conn: sqlite3.Connection) -> dict[str, set[str]]:
     """Each table's column names, read in one statement (one consistent snapshot)."""
-    tables: dict[str, set[str]] = {}
+    out: dict[str, set[str]] = {}
     for table, column in conn.execute(
         "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c"
         " WHERE m.type = 'table'"
     ):
-        tables.setdefault(table, set()).add(column)
-    return tables
+        out.setdefault(table, set()).add(column)
+    return out
 
 
 @functools.cache
-def _expected() -> dict[str, set[str]]:
-    """The tables and columns SCHEMA makes (read from SCHEMA: one definition)."""
+def expected(schema: str = SCHEMA) -> dict[str, set[str]]:
+    """The tables and columns `schema` makes (read from the DDL: one definition)."""
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
-        conn.executescript(SCHEMA)
-        return _tables(conn)
+        conn.executescript(schema)
+        return tables(conn)
 
 
-def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> bool:
-    """Raise LedgerError unless p holds our tables (or, with create, none of them yet);
-    True when it holds none yet (a new ledger: its tables are to be made).
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
-    A database with a `processed` table of other columns (the seed's tutorial ledger,
-    an older onceq) would refuse every insert, and a refused insert reads as a refused
-    *message*: each good message would be quarantined. It is refused as a whole.
-    """
-    have = _tables(conn)
-    ours = [t for t in _expected() if t in have]
-    if create and not ours:
-        return True  # a new database (or someone else's) that we may create our tables in
-    if not ours:
-        raise LedgerError(f"{p}: not an onceq ledger (no table processed)")
-    missing = [f"table {t}" for t in _expected() if t not in have] + [
-        f"{t}.{c}" for t in ours for c in sorted(_expected()[t] - have[t])
+
+def missing_columns(have: dict[str, set[str]], want: dict[str, set[str]]) -> list[str]:
+    """What of `want` is not in `have`: 'table T' or 'T.column', in schema order."""
+    return [f"table {t}" for t in want if t not in have] + [
+        f"{t}.{c}" for t in want if t in have for c in sorted(want[t] - have[t])
     ]
+
+
+def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
+    """'new' (no onceq tables yet: to be made), 'v2' (ours) or 'v0' (0.1.0's: to be
+    migrated); LedgerError for anything else.
+
+    A database with a `processed` table of other columns (the seed's tutorial ledger)
+    would refuse every insert, and a refused insert reads as a refused *message*: each
+    good message would be quarantined. It is refused as a whole.
+    """
+    from onceq.ledger_migrate import V1_TABLES
+
+    version = user_version(conn)
+    if version > VERSION:
+        raise LedgerError(
+            f"{p}: written by a newer onceq (ledger schema {version}; this onceq knows"
+            f" up to {VERSION}); upgrade onceq"
+        )
+    have = tables(conn)
+    if version == VERSION:
+        missing = missing_columns(have, expected())
+        if missing:
+            raise LedgerError(
+                f"{p}: a damaged ledger (schema {VERSION}, missing {', '.join(missing)})"
+            )
+        return "v2"
+    if version != 0:
+        raise LedgerError(f"{p}: an unknown ledger schema {version} (this onceq knows 0 and 2)")
+    ours = [t for t in (*expected(), *V1_TABLES) if t in have]
+    if create and not ours:
+        return "new"  # a new database (or someone else's) that we may create our tables in
+    if not ours:
+        raise LedgerError(f"{p}: not an onceq ledger (no table messages or processed)")
+    missing = missing_columns(have, V1_TABLES)
     if missing:
         raise LedgerError(
             f"{p}: a ledger of another schema (missing {', '.join(missing)});"
             " use a new --db or migrate it"
         )
-    return False
+    return "v0"

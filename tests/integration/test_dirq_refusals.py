@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from onceq.ledger import Ledger
+from onceq.processed_table import PROCESSED_TABLE
 from support import SAMPLE, open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
@@ -98,6 +99,7 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
         os.rename(q / "done" / name, q / "inbox" / name)
     with open_db(q / "ledger.db") as conn:
         conn.execute("DELETE FROM processed")
+        conn.execute("DELETE FROM messages")  # schema 2: the dedup rows (processed is the preset's)
         conn.execute(
             "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
             " BEGIN SELECT RAISE(ABORT, 'negative amount'); END"
@@ -119,7 +121,7 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     # ledger's fault, not the message's: before, every good message went to error/
     # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
     q = _sample_queue(tmp_path)
-    Ledger(q / "ledger.db").close()
+    Ledger(q / "ledger.db", sql=PROCESSED_TABLE).close()  # the orders preset's tables
     with open_db(q / "ledger.db") as conn:
         conn.execute("CREATE TABLE audit (msg_id TEXT)")
         conn.execute(

@@ -13,7 +13,7 @@ import pytest
 
 from onceq.consumer import Consumer, Outcome
 from onceq.errors import LedgerError
-from onceq.ledger import Ledger
+from onceq.ledger import Entry, Ledger
 from onceq.memory import MemoryTransport
 from onceq.transport import Delivery, Kind, Settle
 
@@ -24,7 +24,7 @@ def decode(d: Delivery) -> Outcome:
     except ValueError:
         return Outcome(Kind.REJECTED, "parse")
     d.msg_id = doc["id"]
-    return Outcome(Kind.SUCCESS, fields={"order_no": doc.get("kind"), "seq": doc.get("n")})
+    return Outcome(Kind.SUCCESS, fields={"group": doc.get("kind"), "seq": doc.get("n")})
 
 
 def msg(msg_id: str, kind: str = "ok", n: int = 1) -> bytes:
@@ -49,7 +49,7 @@ class Partner:
             await asyncio.sleep(self.delay)
         finally:
             self.active -= 1
-        kind = fields["order_no"]
+        kind = fields["group"]
         if kind == "reject":
             return Outcome(Kind.REJECTED, "http-422")
         if kind == "busy":
@@ -188,9 +188,9 @@ def test_a_ledger_failure_stops_the_run_and_settles_nothing(tmp_path: Path) -> N
     for i in range(10):
         t.publish(msg(f"m{i}"))
     with Ledger(db) as ledger:
-        ledger._write.execute("DROP TABLE processed")  # every SUCCESS insert now fails hard
+        ledger._write.execute("DROP TABLE messages")  # every SUCCESS insert now fails hard
         ledger._write.execute("DROP TABLE duplicates")
-        ledger._write.execute("CREATE TABLE processed (x)")
+        ledger._write.execute("CREATE TABLE messages (x)")
         with pytest.raises(LedgerError):
             run(t, ledger, Partner())
     assert t.acked == [] and t.dead == [] and t.requeued == []
@@ -205,7 +205,7 @@ def test_a_failed_commit_stops_the_run_and_settles_nothing(tmp_path: Path) -> No
         with pytest.raises(LedgerError):
             run(t, ledger, Partner())
         # the group was rolled back as one: m1's row went with the poison's record
-        assert ledger.query("SELECT count(*) FROM processed")[1] == [(0,)]
+        assert ledger.query("SELECT count(*) FROM messages")[1] == [(0,)]
     assert t.acked == [] and t.dead == [] and t.requeued == []
 
 
@@ -231,3 +231,32 @@ def test_no_new_call_starts_after_a_stop(tmp_path: Path) -> None:
     assert partner.calls["twin"] == 1
     assert [d.ref for d in t.requeued] == ["first"]  # settled after its failed call
     assert t.acked == [] and t.dead == []  # the second was never settled
+
+
+def test_partner_duplicates_are_done_and_counted_apart() -> None:
+    """A success the partner already had (409) is done, not 'processed', nor a failure."""
+    from onceq.cli.output import run_summary
+    from onceq.consumer import Stats
+
+    def entry(kind: Kind, settle: Settle, **fields: object) -> Entry:
+        return Entry(Delivery(b"", "r"), kind, settle, "http-422", fields=dict(fields))
+
+    stats = Stats()
+    stats.add(entry(Kind.SUCCESS, Settle.ACK))
+    stats.add(entry(Kind.SUCCESS, Settle.ACK, partner_duplicate=True))
+    stats.add(entry(Kind.SUCCESS, Settle.ACK, partner_duplicate=True))
+    d = stats.as_dict()
+    keys = list(d)
+    assert keys.index("duplicates") + 1 == keys.index("partner_duplicates")
+    assert (d["processed"], d["partner_duplicates"]) == (1, 2)
+    merged = Stats()
+    merged.merge(d)
+    merged.merge({k: v for k, v in d.items() if k != "partner_duplicates"})  # an older report
+    assert (merged.processed, merged.partner_duplicates) == (2, 2)
+    assert "0 duplicates, 2 partner_duplicates, 0 recovered" in run_summary(stats)[0]
+    assert "partner_duplicates" not in run_summary(Stats())[0]  # shown only when there are any
+    only = Stats()
+    only.add(entry(Kind.REJECTED, Settle.DEAD))
+    assert only.all_failed
+    only.add(entry(Kind.SUCCESS, Settle.ACK, partner_duplicate=True))
+    assert not only.all_failed  # the partner has it: the run did not only fail

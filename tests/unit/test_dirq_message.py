@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from pathlib import Path
 
 import pytest
 
 from onceq.dirq.message import MessageSpec, decode
 from onceq.dirq.order import DEFAULT_SQL, render
-from onceq.dirq.queue import DirQueue
-from onceq.dirq.schema import infer, json_type, merge_types, schema_csv
-from onceq.message import MessageSpec as GenericSpec
+from onceq.dirq.schema import infer, json_type, merge_types
 from onceq.transport import Delivery, Kind
 
 GOOD = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 10}
@@ -32,10 +29,8 @@ def test_a_normal_message_sets_its_id_and_fields() -> None:
     d, out = _decode(_with(amount=12.5))
     assert out.kind is Kind.SUCCESS
     assert d.msg_id == "m-1"
-    doc = json.loads(_with(amount=12.5))
-    want = {"group": "A-1", "seq": 1, "kept": {"amount": 12.5}, "doc": doc}
-    # transitional: drop order_no/amount when the v2 ledger lands (it reads group/kept)
-    assert out.fields == {**want, "order_no": "A-1", "amount": 12.5}
+    doc = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 12.5}
+    assert out.fields == {"group": "A-1", "seq": 1, "kept": {"amount": 12.5}, "doc": doc}
 
 
 @pytest.mark.parametrize(
@@ -106,28 +101,6 @@ def test_schema_rows_in_first_seen_order_with_roles() -> None:
         ("vip", "boolean", ""),
         ("meta", "object", ""),
     ]
-
-
-def test_schema_of_a_generic_spec_reads_its_messages_and_marks_its_id_and_seq(
-    tmp_path: Path,
-) -> None:
-    """Invoices are no orders: under their own spec they are the queue's valid messages."""
-    q = DirQueue(tmp_path / "q")
-    q.init()
-    good = {"invoiceId": "INV-1", "customer": "ACME", "total": 120.5, "n": 1}
-    (q.folder("inbox") / "a.json").write_text(json.dumps(good))
-    (q.folder("done") / "b.json").write_text(json.dumps({**good, "invoiceId": "INV-2"}))
-    (q.folder("inbox") / "c.json").write_text(json.dumps({"customer": "no id"}))
-    spec = GenericSpec(id_field="invoiceId", required=("total",), seq_field="n")
-    assert schema_csv(q.root, spec).splitlines() == [
-        "field,type,role",
-        "invoiceId,string,idempotency-key",
-        "customer,string,",
-        "total,number,",
-        "n,integer,sequence",
-    ]
-    # the orders preset by default: no invoice is an order
-    assert schema_csv(q.root).splitlines() == ["field,type,role"]
 
 
 def _order_rows(rows: list[tuple[str, str, int | None]]) -> list[tuple]:

@@ -8,14 +8,29 @@ from pathlib import Path
 
 import pytest
 
-from onceq.errors import LedgerError, NotFound
+from onceq.dirq.order import DEFAULT_SQL, run_check
+from onceq.errors import LedgerError, NotFound, UsageError
 from onceq.ledger import Entry, Ledger
+from onceq.processed_table import PROCESSED_TABLE
 from onceq.transport import Delivery, Kind, Settle
+
+V010_PROCESSED = """CREATE TABLE processed (
+    msg_id       TEXT PRIMARY KEY,
+    order_no     TEXT,              -- the business key: an order number, a claimId
+    seq          INTEGER,           -- the sender's sequence number within order_no
+    amount       REAL,
+    processed_at TEXT NOT NULL,     -- UTC, ISO 8601
+    source       TEXT NOT NULL DEFAULT 'dirq',
+    ref          TEXT               -- the file name / delivery that took effect
+)"""
 
 
 def success(msg_id: str, ref: str, stable: bool = True, **fields: object) -> Entry:
     d = Delivery(body=b"{}", ref=ref, msg_id=msg_id, stable_ref=stable)
-    return Entry(d, Kind.SUCCESS, Settle.ACK, fields={"order_no": "A", "seq": 1, **fields})
+    kept = {"amount": fields.pop("amount")} if "amount" in fields else {}
+    return Entry(
+        d, Kind.SUCCESS, Settle.ACK, fields={"group": "A", "seq": 1, "kept": kept, **fields}
+    )
 
 
 def test_settings_that_the_guarantees_depend_on(tmp_path: Path) -> None:
@@ -27,8 +42,11 @@ def test_settings_that_the_guarantees_depend_on(tmp_path: Path) -> None:
 
 
 def test_seed_schema_msg_id_primary_key_and_columns(tmp_path: Path) -> None:
-    Ledger(tmp_path / "l.db").close()
+    """The presets' business table is the exercise's `processed`, 0.1.0's DDL word for word."""
+    Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE).close()
     conn = sqlite3.connect(tmp_path / "l.db")
+    (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'processed'").fetchone()
+    assert ddl == V010_PROCESSED
     cols = {r[1]: r for r in conn.execute("PRAGMA table_info(processed)")}
     assert {"msg_id", "order_no", "seq", "amount", "processed_at"} <= set(cols)
     assert cols["msg_id"][5] == 1  # pk
@@ -78,7 +96,7 @@ def test_unstable_refs_never_count_as_recovered(tmp_path: Path) -> None:
 
 def test_a_refused_business_write_rejects_that_message_alone(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    with Ledger(path) as ledger:
+    with Ledger(path, sql=PROCESSED_TABLE) as ledger:
         ledger._write.execute(
             "CREATE TRIGGER no_neg BEFORE INSERT ON processed WHEN NEW.amount < 0"
             " BEGIN SELECT RAISE(ABORT, 'negative amount'); END"
@@ -91,6 +109,8 @@ def test_a_refused_business_write_rejects_that_message_alone(tmp_path: Path) -> 
         assert ledger.processed_ref("m1") == "a.json"
         assert ledger.processed_ref("m2") is None
         assert [r["ref"] for r in ledger.dead_letters()] == ["b.json"]
+        rows = ledger.query("SELECT msg_id, order_no, seq, amount, source, ref FROM processed")[1]
+        assert rows == [("m1", "A", 1, 5.0, "dirq", "a.json")]
 
 
 def test_failures_count_attempts_per_msg_id(tmp_path: Path) -> None:
@@ -118,8 +138,8 @@ def test_a_failed_group_commits_nothing(tmp_path: Path) -> None:
 def test_query_is_read_only(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as ledger:
         with pytest.raises(LedgerError):
-            ledger.query("DELETE FROM processed")
-        cols, rows = ledger.query("SELECT count(*) AS n FROM processed")
+            ledger.query("DELETE FROM messages")
+        cols, rows = ledger.query("SELECT count(*) AS n FROM messages")
         assert (cols, rows) == (["n"], [(0,)])
 
 
@@ -156,3 +176,102 @@ def test_query_cannot_attach_another_file(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as ledger, pytest.raises(LedgerError):
         ledger.query(f"ATTACH DATABASE '{tmp_path / 'other.db'}' AS o")
     assert not (tmp_path / "other.db").exists()
+
+
+# --- schema 2: per flow, kept JSON, the presets' bulk table ------------------------------
+
+
+def test_two_flows_in_one_file_never_refuse_each_others_ids(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    with Ledger(path, flow="a") as a, Ledger(path, flow="b") as b:
+        ea, eb = success("m1", "x.json"), success("m1", "y.json")
+        a.commit([ea])
+        b.commit([eb])
+        assert (ea.kind, eb.kind) == (Kind.SUCCESS, Kind.SUCCESS)
+        assert (a.processed_ref("m1"), b.processed_ref("m1")) == ("x.json", "y.json")
+        # every read is the flow's own
+        b.commit(
+            [Entry(Delivery(b"{}", "z.json", "m1", stable_ref=True), Kind.DUPLICATE, Settle.ACK)]
+        )
+        fail = Entry(Delivery(b"{}", "f.json", "m2"), Kind.TRANSIENT, Settle.DEAD, "http-503")
+        b.commit([fail])
+        b.record_replay("f.json")
+        assert (a.duplicate_ids(), b.duplicate_ids()) == ([], ["m1"])
+        assert (a.failed_attempts("m2"), b.failed_attempts("m2")) == (0, 1)
+        assert (a.dead_letters(), len(b.dead_letters())) == ([], 1)
+        assert (a.last_failure("f.json"), b.last_failure("f.json")) == (None, ("http-503", ""))
+        assert a.counts() == {"processed": 1, "duplicates": 0, "failures": 0, "replays": 0}
+        assert b.counts() == {"processed": 1, "duplicates": 1, "failures": 1, "replays": 1}
+        assert a.counts(all_flows=True) == {
+            "processed": 2,
+            "duplicates": 1,
+            "failures": 1,
+            "replays": 1,
+        }
+
+
+def test_flow_names_are_checked(tmp_path: Path) -> None:
+    for bad in ("", "-a", "a b", "x" * 65, "a'b", "ä"):
+        with pytest.raises(UsageError):
+            Ledger(tmp_path / "l.db", flow=bad)
+    Ledger(tmp_path / "l.db", flow="inv_2.x-y").close()
+
+
+def test_kept_is_json_queryable_and_partner_duplicates_are_marked(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", flow="invoices") as ledger:
+        e = success("INV-1", "a", kept={"total": 120.5, "customer": "ÄCME"}, group="ACME")
+        d = success("INV-2", "b", kept={"total": 7}, partner_duplicate=True)
+        ledger.commit([e, d])
+        rows = ledger.query(
+            "SELECT msg_id, grp, json_extract(kept, '$.total'), kept, partner_duplicate"
+            " FROM messages WHERE flow = 'invoices' ORDER BY msg_id"
+        )[1]
+    assert rows == [
+        ("INV-1", "ACME", 120.5, '{"total":120.5,"customer":"ÄCME"}', 0),
+        ("INV-2", "A", 7, '{"total":7}', 1),
+    ]
+
+
+def test_the_doc_is_never_stored(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.commit([success("m1", "a", doc={"secret": "s3cr3t"})])
+    files = [p.read_bytes() for p in tmp_path.iterdir()]  # closed: the WAL is checkpointed
+    assert files and not any(b"s3cr3t" in f for f in files)
+
+
+def test_a_newer_schema_is_refused_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    Ledger(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(LedgerError, match="written by a newer onceq"):
+        Ledger(path)
+    assert path.read_bytes() == before
+
+
+def test_the_preset_table_costs_one_statement_per_group(tmp_path: Path) -> None:
+    """One multi-row INSERT for messages and one for processed, whatever the group size."""
+    with Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE) as ledger:
+        seen: list[str] = []
+        ledger._write.set_trace_callback(seen.append)
+        ledger.commit([success(f"m{i}", f"{i}.json", amount=i) for i in range(300)])
+        ledger._write.set_trace_callback(None)
+        inserts = [s for s in seen if s.lstrip().upper().startswith("INSERT")]
+        assert [s.split("(")[0].split()[-1] for s in inserts] == ["messages", "processed"]
+        assert ledger.query("SELECT count(*), sum(amount) FROM processed")[1] == [(300, 44850.0)]
+
+
+def test_order_check_reads_the_flows_own_group_and_seq(tmp_path: Path) -> None:
+    """flow_sql over messages finds what the exercise's query finds over processed."""
+    rows = [("m1", "A", 1), ("m2", "A", 2), ("m3", "A", 2), ("m4", "A", 5), ("m5", "B", None)]
+    path = tmp_path / "l.db"
+    with Ledger(path, sql=PROCESSED_TABLE) as orders, Ledger(path, flow="other") as other:
+        orders.commit([success(m, f"{m}.json", group=g, seq=s) for m, g, s in rows])
+        other.commit([success("x1", "x", group="A", seq=9)])  # another flow: not checked
+        exercise = orders.query(DEFAULT_SQL)
+        assert run_check(orders) == exercise
+        assert exercise[1][0] == ("A", "repeated", 2, 2, 2, "m2 m3")
+        cols, found = run_check(other, group_label="customer")
+        assert cols[0] == "customer" and found == [("A", "gap", 1, 8, 8, "")]

@@ -1,30 +1,37 @@
-"""One consumer run over claim.in: ledger, deadline, signals, bounded grace.
+"""One consumer run over a RabbitMQ flow's queue: ledger, deadline, signals, bounded grace.
 
     onceq mq consume --claim URL  →  consume(url, ConsumeOptions(...))  →  Stats
+    onceq mq consume --queue Q --url U  →  consume(url, opts, flow=Flow(...))
+    onceq run FILE (a rabbitmq flow)  →  consume_flow(flow, opts, stop=…)
 
-With `until_empty` (a batch job) the run also ends by itself once claim.in is
+With `until_empty` (a batch job) the run also ends by itself once the queue is
 drained and nothing is in flight (how that is known: onceq.amqp.transport).
 
 The run stops taking deliveries at the deadline (--max-seconds) or on SIGTERM /
 SIGINT, lets the deliveries in flight finish (each bounded by the HTTP timeout,
 the whole by `grace`), records and settles them, then closes. Whatever is left
-unsettled goes back to claim.in when the channel closes; the ledger skips it
+unsettled goes back to the queue when the channel closes; the ledger skips it
 next time if it was already done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
-import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceq.consumer import Consumer, Stats
 from onceq.ledger import Entry, Ledger
+
+if TYPE_CHECKING:
+    from onceq.flow import Flow
+    from onceq.runner import Stop
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +53,14 @@ def default_db(fallback_dir: Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class ConsumeOptions:
-    claim_url: str
-    db: Path
+    """How one run goes (the flow says what it consumes and does).
+
+    `claim_url`, `prefetch` and `timeout` build the claims preset when `consume` is
+    given no flow (today's `mq consume --claim`).
+    """
+
+    claim_url: str = ""
+    db: Path = Path(DEFAULT_DB)
     prefetch: int = DEFAULT_PREFETCH
     max_seconds: float | None = None
     timeout: float = DEFAULT_TIMEOUT
@@ -85,98 +98,119 @@ def consume(
     url: str,
     opts: ConsumeOptions,
     *,
+    flow: Flow | None = None,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
     on_new_ledger: Callable[[Path], None] | None = None,
 ) -> ConsumeResult:
     """Run a consumer until the deadline or a signal; returns what it did.
 
+    `flow` is a Flow over a RabbitSource (default: the claims preset from `opts`);
+    `url` is the broker's, used when the source names none.
     `on_new_ledger(path)` is called when the run made its ledger (it has seen nothing).
     """
-    return asyncio.run(_consume(url, opts, on_settled, on_new_ledger))
+    if flow is None:
+        from onceq.flow import claims_flow
+
+        flow = claims_flow(opts.claim_url, url=url, prefetch=opts.prefetch, timeout=opts.timeout)
+    elif flow.source.url is None:
+        flow = dataclasses.replace(flow, source=dataclasses.replace(flow.source, url=url))
+    flow.validate()
+    return asyncio.run(consume_flow(flow, opts, on_settled=on_settled, on_new_ledger=on_new_ledger))
 
 
-async def _consume(
-    url: str,
+async def consume_flow(
+    flow: Flow,
     opts: ConsumeOptions,
-    on_settled: Callable[[Sequence[Entry]], None] | None,
-    on_new_ledger: Callable[[Path], None] | None,
+    *,
+    on_settled: Callable[[Sequence[Entry]], None] | None = None,
+    on_new_ledger: Callable[[Path], None] | None = None,
+    stop: Stop | None = None,
+    before_ledger: Callable[[], Awaitable[None]] | None = None,
 ) -> ConsumeResult:
-    from onceq.amqp.handler import ClaimHandler, decode
-    from onceq.amqp.transport import AmqpTransport
+    """One consumer of a RabbitMQ flow: the loop `mq consume` and `onceq run` share.
 
-    handler = ClaimHandler(opts.claim_url, concurrency=opts.prefetch, timeout=opts.timeout)
-    transport = AmqpTransport(url, prefetch=opts.prefetch, until_empty=opts.until_empty)
+    Without `stop` it handles this process's signals itself (`mq consume`: a second
+    signal cuts the grace short); with one, the caller does (`onceq run`: one stop for
+    every flow). `before_ledger` is awaited once the broker has the queue and before
+    the ledger is opened.
+    """
+    from onceq.amqp.transport import AmqpTransport
+    from onceq.amqp.url import amqp_url
+    from onceq.consumer import no_effect
+    from onceq.flow import close_effect, open_ledger
+    from onceq.runner import Stop
+
+    own_signals = stop is None
+    if stop is None:
+        stop = Stop(second="abort", respect_ignored=False)
+    src = flow.source
+    handler = flow.handler()
+    transport = AmqpTransport(
+        amqp_url(src.url), prefetch=src.prefetch, queue=src.queue, until_empty=opts.until_empty
+    )
     loop = asyncio.get_running_loop()
-    handled: list[signal.Signals] = []
     ledger: Ledger | None = None
+    signals = stop.installed() if own_signals else contextlib.nullcontext(stop)
     try:
         # Broker first, then the ledger, then consuming: a run that the broker refuses
-        # (down, no vhost, no claim.in) leaves no ledger file behind, and a bad --db is
+        # (down, no vhost, no queue) leaves no ledger file behind, and a bad --db is
         # still reported before any delivery is taken.
         await transport.open()
-        ledger = Ledger(opts.db, source="amqp")
+        if before_ledger is not None:
+            await before_ledger()
+        ledger = open_ledger(flow, opts.db, "amqp")
         if ledger.created and on_new_ledger is not None:
             on_new_ledger(opts.db)
         await transport.start()
         consumer = Consumer(
             transport,
             ledger,
-            decode,
-            handler,
+            flow.message.decode,
+            handler or no_effect,
             # The broker bounds unacked deliveries by prefetch; the loop handles as many
-            # at once, so a slow claim system sees prefetch calls in parallel.
-            max_in_flight=opts.prefetch,
-            max_group=max(opts.prefetch, 1),
+            # at once, so a slow partner sees prefetch calls in parallel.
+            max_in_flight=src.prefetch,
+            max_group=max(src.prefetch, 1),
             max_attempts=MAX_ATTEMPTS,
             on_settled=on_settled,
         )
-        abort = asyncio.Event()
-        stopped_by: list[int] = []
-
-        def on_signal(signum: int) -> None:
-            # The first signal stops cleanly (in-flight claims finish, bounded by the
-            # grace). A second one is an operator who will not wait: stop at once.
-            # Nothing is lost: unsettled deliveries return to claim.in when the channel
-            # closes, and the ledger skips the ones whose record was already durable.
-            if transport.stopped.is_set():
-                abort.set()
-            stopped_by.append(signum)
-            # consumer.stop, not transport.stop: a real stop also means no new claim
-            # call starts for deliveries received but not yet called.
-            consumer.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-            handled.append(sig)
-        if opts.max_seconds is not None:
-            loop.call_later(opts.max_seconds, consumer.stop)
-        run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
-        stop_wait = asyncio.create_task(transport.stopped.wait())
-        await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not run.done():
-            abort_wait = asyncio.create_task(abort.wait())
-            await asyncio.wait(
-                [run, abort_wait], timeout=opts.grace, return_when=asyncio.FIRST_COMPLETED
-            )
-            abort_wait.cancel()
+        # The first signal stops cleanly (in-flight calls finish, bounded by the grace).
+        # A second one is an operator who will not wait: stop at once. Nothing is lost:
+        # unsettled deliveries return to the queue when the channel closes, and the
+        # ledger skips the ones whose record was already durable. consumer.stop, not
+        # transport.stop: a real stop also means no new call starts for deliveries
+        # received but not yet called.
+        stop.add(consumer.stop, stopped=transport.stopped.is_set)
+        with signals:
+            if opts.max_seconds is not None:
+                loop.call_later(opts.max_seconds, stop.request)
+            run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
+            stop_wait = asyncio.create_task(transport.stopped.wait())
+            await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
             if not run.done():
-                if not abort.is_set():
-                    log.warning(
-                        "in-flight deliveries did not finish within %.0fs; they return to %s",
-                        opts.grace,
-                        "the queue",
+                abort_wait = asyncio.create_task(stop.abort.wait())
+                await asyncio.wait(
+                    [run, abort_wait], timeout=opts.grace, return_when=asyncio.FIRST_COMPLETED
+                )
+                abort_wait.cancel()
+                if not run.done():
+                    if not stop.abort.is_set():
+                        log.warning(
+                            "in-flight deliveries did not finish within %.0fs; they return to %s",
+                            opts.grace,
+                            "the queue",
+                        )
+                    run.cancel()
+                    await asyncio.gather(run, return_exceptions=True)
+                    return _result(
+                        consumer.stats, transport, opts, stop.signals, stop.abort.is_set()
                     )
-                run.cancel()
-                await asyncio.gather(run, return_exceptions=True)
-                return _result(consumer.stats, transport, opts, stopped_by, abort.is_set())
-        stats = run.result()  # raises the ledger's error, if it failed
-        return _result(stats, transport, opts, stopped_by, False)
+            stats = run.result()  # raises the ledger's error, if it failed
+            return _result(stats, transport, opts, stop.signals, False)
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
         await transport.close()
-        await handler.aclose()
+        await close_effect(handler)
         if ledger is not None:
             ledger.close()
 

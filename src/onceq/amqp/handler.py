@@ -10,22 +10,16 @@ serve every flow; this module only keeps the names `onceq mq` and the publisher 
 from __future__ import annotations
 
 from onceq.consumer import Outcome
-from onceq.http_effect import HttpEffect
 from onceq.message import CONTROL_CHARS
-from onceq.presets import CLAIMS, CLAIMS_PATH, claims_http
+from onceq.presets import CLAIMS, CLAIMS_PATH
 from onceq.transport import Delivery
 
-__all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "ClaimHandler", "check_claim_url", "decode"]
+__all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "check_claim_url", "decode"]
 
 
 def decode(delivery: Delivery) -> Outcome:
     """Set delivery.msg_id from the message_id property (else the body's guid)."""
-    out = CLAIMS.decode(delivery)
-    f = out.fields
-    if f:  # transitional: remove when the v2 ledger lands (it reads group/kept)
-        f["order_no"] = f["group"]
-        f["amount"] = f["kept"].get("amount")
-    return out
+    return CLAIMS.decode(delivery)
 
 
 def check_claim_url(url: str) -> str:
@@ -33,8 +27,3 @@ def check_claim_url(url: str) -> str:
     from onceq.amqp.url import check_url
 
     return check_url(url, "--claim ", ("http", "https"), "a claim system's port").rstrip("/")
-
-
-def ClaimHandler(claim_url: str, *, concurrency: int, timeout: float) -> HttpEffect:
-    """The claims preset's call (transitional name for amqp/consume.py until flows run it)."""
-    return claims_http(claim_url, concurrency=concurrency, timeout=timeout)

@@ -39,8 +39,10 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, mq, partner, sample
+    from onceq.cli import demo, dirq, lab, mq, partner, run, sample
 
+    app.add_command(run.run)
+    app.add_command(run.check)
     app.add_command(demo.demo)
     app.add_command(dirq.dirq)
     app.add_command(mq.mq)

@@ -8,16 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onceq.cli.flow_options import flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
-    from onceq.dirq.message import MessageSpec
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
 # the same in every command (click's own file_okay check would make a file exit 2).
 QDIR = click.Path(path_type=Path)
 NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
+DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
 DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
 
 
@@ -69,7 +70,7 @@ def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
     return click.option(
         "--required",
-        default="msg_id,order_no,seq,amount",
+        default=DEFAULT_REQUIRED,
         show_default=True,
         help="Comma-separated fields a message must have.",
     )(f)
@@ -85,10 +86,28 @@ def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
     type=click.IntRange(1, 64),
     help="Consumer processes on this queue.",
 )
-@message_spec_options
+@click.option(
+    "--required",
+    help="Comma-separated fields a message must have (default: msg_id,order_no,seq,amount,"
+    " the orders preset; with --id-field: only the id).",
+)
+@click.option(
+    "--max-bytes",
+    default=1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Files larger than this are not messages (consume quarantines them unread).",
+)
+@flow_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
-    qdir: Path, db: Path | None, workers: int, required: str, max_bytes: int, as_json: bool
+    qdir: Path,
+    db: Path | None,
+    workers: int,
+    required: str | None,
+    max_bytes: int,
+    as_json: bool,
+    **flags: Any,
 ) -> None:
     """Consume every message in QDIR/inbox into the ledger, effectively once.
 
@@ -96,6 +115,14 @@ def consume(
     ledger (a duplicate msg_id is recorded as such), and moved to done/ only
     after the commit; bad files go to error/ with a reason. Files a killed
     consumer left in processing/ are recovered first.
+
+    Without --id-field, --url, --group-field, --seq-field or --keep the messages
+    are the exercise's orders (msg_id, order_no, seq, amount into the processed
+    table). With them it is your own flow: the id from --id-field, and with
+    --url each message is POSTed there (2xx done, 409 done as a partner
+    duplicate, other 4xx quarantined; see --success … --transient). On a
+    directory queue a transient failure (5xx, timeout) is quarantined at once
+    for now: a file gets one try (replay it from error/).
 
     Signals: this is a batch that is to empty the inbox, so a run that a signal
     stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
@@ -107,20 +134,21 @@ def consume(
     \b
     Example:
       onceq dirq consume ./q --workers 2
+      onceq dirq consume ./inv --id-field invoiceId --url http://127.0.0.1:9300/api/invoices
+      onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
     """
-    from onceq.dirq.message import MessageSpec
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import Interrupted
-    from onceq.ledger import Ledger
+    from onceq.flow import open_ledger
 
-    spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
+    flow = _consume_flow(qdir, workers, required, max_bytes, flags)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
-    with Ledger(db or queue.default_db) as ledger:
+    with open_ledger(flow, db or queue.default_db, "dirq") as ledger:
         if ledger.created:
             note_new_ledger(ledger.path)
     try:
-        stats = _run_consume(qdir, db, spec, workers)
+        stats = _run_consume(flow, db, workers)
     except Interrupted as exc:
         # A clean stop: what it did is printed like a finished run's, then the one
         # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
@@ -129,14 +157,42 @@ def consume(
     _print_summary(qdir, stats, as_json)
 
 
-def _run_consume(qdir: Path, db: Path | None, spec: MessageSpec, workers: int) -> Stats:
+def _consume_flow(
+    qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
+) -> Any:
+    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options)."""
+    from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
+    from onceq.flow import DirSource, orders_flow
+
+    if not is_generic(flags):
+        check_http_flags(flags)
+        flow = orders_flow(
+            qdir,
+            workers=workers,
+            required=_parse_required(required or DEFAULT_REQUIRED),
+            max_bytes=max_bytes,
+        )
+        flow.name = flags.get("flow_name") or flow.name
+        return flow.validate()
+    flags = {**flags, "required": required}
+    return build_flow(
+        DirSource(qdir, workers),
+        flags,
+        rabbit=False,
+        timeout=flags.pop("http_timeout"),
+        concurrency=5,
+        max_bytes=max_bytes,
+    )
+
+
+def _run_consume(flow: Any, db: Path | None, workers: int) -> Stats:
     from onceq.cli.progress import live_progress
     from onceq.dirq.run import DEAD_WORD, consume, consume_parallel
 
     if workers > 1:  # the work is in child processes; they report only at their end
-        return consume_parallel(qdir, db, spec, workers)
-    with live_progress(str(qdir), DEAD_WORD) as on_settled:
-        return consume(qdir, db, spec, on_settled=on_settled)
+        return consume_parallel(flow, db, None, workers)
+    with live_progress(str(flow.source.path), DEAD_WORD) as on_settled:
+        return consume(flow, db, on_settled=on_settled)
 
 
 def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:

@@ -74,8 +74,10 @@ def run_summary(stats: Stats, head: str = "", tail: str = "") -> list[str]:
         f"{stats.received} received",
         f"{stats.processed} processed",
         f"{stats.duplicates} duplicates",
-        f"{stats.recovered} recovered",
     ]
+    if stats.partner_duplicates:  # only an HTTP effect with a duplicate status has them
+        parts.append(f"{stats.partner_duplicates} partner_duplicates")
+    parts.append(f"{stats.recovered} recovered")
     if stats.requeued:  # only a broker requeues; a directory queue would print "0" forever
         parts.append(f"{stats.requeued} requeued ({_by_reason(stats.requeued_reasons)})")
     parts.append(dead)

@@ -51,9 +51,4 @@ def parse_document(body: bytes, spec: GenericSpec = ORDERS) -> dict[str, Any] | 
 
 def decode(delivery: Delivery, spec: GenericSpec = ORDERS) -> Outcome:
     """Decode a file's bytes into the fields to record, setting `delivery.msg_id`."""
-    out = spec.decode(delivery)
-    f = out.fields
-    if f:  # transitional: remove when the v2 ledger lands (it reads group/kept)
-        f["order_no"] = f["group"]
-        f["amount"] = f["kept"].get("amount")
-    return out
+    return spec.decode(delivery)

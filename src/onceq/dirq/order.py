@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from onceq.errors import NotFound, UsageError
-from onceq.ledger import Ledger
+from onceq.ledger import Ledger, check_flow_name
 
 DEFAULT_SQL = """\
 -- onceq order check: per order_no, repeated seq values and gaps in seq.
@@ -88,9 +88,31 @@ def strip_comments(sql: str) -> str:
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
 
 
-def run_check(ledger: Ledger, sql: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(columns, rows) of the order query; no rows means the order is intact."""
-    return ledger.query(sql if sql is not None else DEFAULT_SQL)
+def flow_sql(flow: str, group_label: str = "order_no") -> str:
+    """DEFAULT_SQL over one flow's dedup rows (`messages`: grp, seq) instead of the
+    exercise's `processed` table, so the check works for any flow that declares a
+    group and a sequence field. The group column is named `group_label` (the flow's
+    group field; order_no for the presets, whose output stays what it was).
+
+    `flow` is a checked flow name (`onceq.ledger.check_flow_name`: no quote can
+    occur in it), so it is written into the query as a literal.
+    """
+    check_flow_name(flow)
+    label = '"' + group_label.replace('"', '""') + '"'
+    rows = f"(SELECT grp AS order_no, seq, msg_id FROM messages WHERE flow = '{flow}')"
+    body = DEFAULT_SQL.split("WITH numbered", 1)[1].replace(" FROM processed", f" FROM {rows}")
+    body = body.replace("SELECT order_no, problem,", f"SELECT order_no AS {label}, problem,")
+    return f"-- onceq order check of the flow {flow}\nWITH numbered{body}"
+
+
+def run_check(
+    ledger: Ledger, sql: str | None = None, group_label: str = "order_no"
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, rows) of the order query; no rows means the order is intact.
+
+    Without `sql`, the ledger's own flow is checked (`flow_sql`).
+    """
+    return ledger.query(sql if sql is not None else flow_sql(ledger.flow, group_label))
 
 
 def check_order(ledger: Ledger, sql: str | None = None) -> list[tuple[Any, ...]]:

@@ -10,26 +10,28 @@ kill -9, since whatever was claimed is recovered by the next run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing as mp
 import queue as queue_mod
 import signal
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceq import errors
 from onceq.consumer import Consumer, Stats
-from onceq.dirq.message import MessageSpec, decode
 from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
 from onceq.errors import OnceqError, UsageError
-from onceq.ledger import Entry, Ledger
+from onceq.ledger import Entry
+from onceq.runner import POLL_SECONDS, STOP_SIGNALS, Stop
+
+if TYPE_CHECKING:
+    from onceq.flow import Flow
 
 # One commit holds up to this many outcomes: large enough that the fsync is paid
 # rarely, small enough that a crash re-runs little and memory stays flat.
 GROUP = 256
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # A directory queue's dead letters are files in error/: its summaries (JSON and human)
 # call them quarantined, the word its README and error/ folder use.
 DEAD_WORD = "quarantined"
@@ -50,80 +52,112 @@ class Interrupted(OnceqError):
         self.stats = stats
 
 
+def as_flow(target: Flow | str | Path, spec: Any = None) -> Flow:
+    """A Flow for a directory queue: a path means the orders preset (today's consume).
+
+    `spec` (a MessageSpec) replaces the flow's message spec, as `dirq consume
+    --required/--max-bytes` did before flows.
+    """
+    from onceq.flow import Flow, orders_flow
+
+    flow = target if isinstance(target, Flow) else orders_flow(target)
+    if spec is not None:
+        flow = dataclasses.replace(flow, message=spec)
+    return flow.validate()
+
+
 def consume(
-    root: str | Path,
+    target: Flow | str | Path,
     db: str | Path | None = None,
-    spec: MessageSpec | None = None,
+    spec: Any = None,
     *,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
 ) -> Stats:
-    """Consume every message in QDIR/inbox (and any a dead consumer left) into `db`."""
-    queue = DirQueue(root).check()
-    spec = spec or MessageSpec()
-    stopped_by: list[int] = []
-    with (
-        Ledger(db or queue.default_db, source="dirq") as ledger,
-        Worker(queue, spec.max_bytes) as worker,
-    ):
-        consumer = Consumer(
-            worker,
-            ledger,
-            lambda d: decode(d, spec),
-            # Twice the group: one group is being committed while the next is claimed.
-            max_in_flight=2 * GROUP,
-            max_group=GROUP,
-            # A directory queue has no redelivery: what fails once is quarantined.
-            max_attempts=1,
-            on_settled=on_settled,
-        )
-        consumer.stats.dead_word = DEAD_WORD
-        stats = asyncio.run(_run_stoppable(consumer, stopped_by))
-    if stopped_by:
-        raise Interrupted(root, stopped_by[0], stats)
+    """Consume every message in the flow's inbox (and any a dead consumer left) into `db`.
+
+    `target` is a Flow over a DirSource, or a queue folder (the orders preset).
+    """
+    flow = as_flow(target, spec)
+    stop = Stop(second="raise")
+    stats = asyncio.run(_consume_stoppable(flow, db, stop, on_settled))
+    if stop.signals:
+        raise Interrupted(flow.source.path, stop.signals[0], stats)
     return stats
 
 
-async def _run_stoppable(consumer: Consumer, stopped_by: list[int]) -> Stats:
-    """Run the consumer; the first stop signal only stops the claiming (see the module)."""
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
+async def _consume_stoppable(
+    flow: Flow,
+    db: str | Path | None,
+    stop: Stop,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+) -> Stats:
+    """One batch under this process's signals: the first stops claiming (see the module)."""
+    with stop.installed():
+        return await consume_flow(flow, db, stop=stop, until_empty=True, on_settled=on_settled)
 
-    def on_signal(signum: int) -> None:
-        if stopped_by:  # the second one: stop now, as the default handler would
-            for s in installed:
-                loop.remove_signal_handler(s)
-            signal.raise_signal(signum)
-            return
-        stopped_by.append(signum)
-        # A real stop (not the inbox running out): the worker claims nothing more, and
-        # the loop starts no new handler call (with the ledger-row effect there is
-        # none to start: everything claimed is recorded and moved).
-        consumer.stop()
 
-    # Signal handlers exist only in the main thread (a library caller may use another).
-    # An ignored signal stays ignored: a --workers child ignores SIGINT (Ctrl-C reaches
-    # the whole process group; the parent alone decides and forwards a SIGTERM).
-    if threading.current_thread() is threading.main_thread():
-        for s in STOP_SIGNALS:
-            if signal.getsignal(s) is not signal.SIG_IGN:
-                loop.add_signal_handler(s, on_signal, s)
-                installed.append(s)
-    # A --workers child starts with them blocked, so that none is lost or fatal before
-    # this point; from here on they stop the run cleanly.
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
+async def consume_flow(
+    flow: Flow,
+    db: str | Path | None,
+    *,
+    stop: Stop,
+    until_empty: bool = True,
+    on_settled: Callable[[Sequence[Entry]], None] | None = None,
+    before_ledger: Callable[[], Awaitable[None]] | None = None,
+) -> Stats:
+    """One consumer of a directory-queue flow: the loop `dirq consume` and `onceq run` share.
+
+    With `until_empty` it ends when the inbox is empty; otherwise it looks at the
+    inbox again every POLL_SECONDS until `stop`. `before_ledger` is awaited once the
+    queue folder is checked and before the ledger is opened (a run of several flows
+    opens no ledger until every source is known good).
+    """
+    from onceq.consumer import no_effect
+    from onceq.flow import close_effect, open_ledger
+
+    queue = DirQueue(flow.source.path).check()
+    if before_ledger is not None:
+        await before_ledger()
+    handler = flow.handler()
+    total = Stats(dead_word=DEAD_WORD)
     try:
-        return await consumer.run()
+        with (
+            open_ledger(flow, db or queue.default_db, "dirq") as ledger,
+            Worker(queue, flow.message.max_bytes) as worker,
+        ):
+            while True:
+                consumer = Consumer(
+                    worker,
+                    ledger,
+                    flow.message.decode,
+                    handler or no_effect,
+                    # Twice the group: one group is being committed while the next is
+                    # claimed.
+                    max_in_flight=2 * GROUP,
+                    max_group=GROUP,
+                    # A directory queue has no redelivery: what fails once is
+                    # quarantined (delayed retries are issue 8's).
+                    max_attempts=1,
+                    on_settled=on_settled,
+                )
+                consumer.stats.dead_word = DEAD_WORD
+                stop.add(consumer.stop)
+                try:
+                    stats = await consumer.run()
+                finally:
+                    stop.discard(consumer.stop)
+                total.merge(stats.as_dict())
+                if until_empty or stop.requested or await stop.sleep(POLL_SECONDS):
+                    return total
     finally:
-        for s in installed:
-            loop.remove_signal_handler(s)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        await close_effect(handler)
 
 
-def _worker_main(root: str, db: str, spec: MessageSpec, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _worker_main(flow: Flow, db: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """One --workers child: report ("ok", stats), ("stopped", signum, stats) or an error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards a stop as SIGTERM
     try:
-        out.put(("ok", consume(root, db, spec).as_dict()))
+        out.put(("ok", consume(flow, db).as_dict()))
     except Interrupted as exc:
         out.put(("stopped", exc.signum, exc.stats.as_dict()))
     except OnceqError as exc:  # re-raised by the parent as the same kind (same exit code)
@@ -133,7 +167,7 @@ def _worker_main(root: str, db: str, spec: MessageSpec, out: mp.Queue) -> None: 
 
 
 def consume_parallel(
-    root: str | Path, db: str | Path | None, spec: MessageSpec | None, workers: int
+    target: Flow | str | Path, db: str | Path | None, spec: Any, workers: int
 ) -> Stats:
     """Run `workers` consumer processes on one queue and ledger; returns the summed stats.
 
@@ -144,16 +178,21 @@ def consume_parallel(
     """
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, not {workers}")
+    from onceq.flow import open_ledger
+
+    flow = as_flow(target, spec)
+    root = flow.source.path
     queue = DirQueue(root).check()
-    spec = spec or MessageSpec()
     db_path = str(db or queue.default_db)
-    Ledger(db_path).close()  # create the schema once, before the workers race for it
+    # Create the schema (and the flow's SQL setup) once, before the workers race for it.
+    open_ledger(flow, db_path, "dirq").close()
     if workers == 1:
-        return consume(root, db_path, spec)
+        return consume(flow, db_path)
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     procs = [
-        ctx.Process(target=_worker_main, args=(str(root), db_path, spec, out))
+        # fork: the flow (and a user's functions in it) is inherited, never pickled.
+        ctx.Process(target=_worker_main, args=(flow, db_path, out))
         for _ in range(workers)
     ]
     # Blocked from before the first fork: a signal can neither kill a worker before

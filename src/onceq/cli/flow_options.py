@@ -1,0 +1,223 @@
+"""The message-spec and HTTP-effect flags `dirq consume` and `mq consume` share.
+
+They build the same `Flow` a flow file's table builds (onceq.flow), so a flag run
+and a flow-file run are one code path. No spec or effect flag at all means the
+command's exercise preset, exactly as before flows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from onceq.errors import UsageError
+
+ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# The flags that make a run generic (not the preset); --flow only names it.
+SPEC_FLAGS = ("id_field", "group_field", "seq_field", "keep", "http_url")
+HTTP_FLAGS = (
+    "method",
+    "headers",
+    "idempotency_header",
+    "success",
+    "duplicate",
+    "reject",
+    "transient",
+)
+
+
+def _fields(value: str | None, flag: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    fields = tuple(f.strip() for f in value.split(",") if f.strip())
+    if not fields:
+        raise UsageError(f"{flag} {value!r}: names no field")
+    return fields
+
+
+def flow_options(*, timeout: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the spec and HTTP flags; `timeout=False` when the command has its own --timeout."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        opts = [
+            click.option(
+                "--flow",
+                "flow_name",
+                metavar="NAME",
+                default="default",
+                show_default=True,
+                help="The flow's name in the ledger: ids are deduplicated per flow.",
+            ),
+            click.option(
+                "--id-field",
+                metavar="PATH",
+                help="The message's id: a field, dotted into nested objects"
+                " (e.g. invoiceId, invoice.id). Makes this your own flow.",
+            ),
+            click.option(
+                "--group-field",
+                metavar="PATH",
+                help="A field grouping messages (what order-check checks per group).",
+            ),
+            click.option(
+                "--seq-field",
+                metavar="PATH",
+                help="An integer sequence field within a group (for order-check).",
+            ),
+            click.option("--keep", metavar="A,B", help="Fields kept in the ledger (as JSON)."),
+            click.option(
+                "--url",
+                "http_url",
+                metavar="URL",
+                help="POST each message to this URL; {field} placeholders are filled"
+                " from the message (URL-encoded), e.g."
+                " http://127.0.0.1:9300/api/invoices/{invoiceId}.",
+            ),
+            click.option("--method", help="HTTP method for --url (default POST)."),
+            click.option(
+                "--header",
+                "headers",
+                multiple=True,
+                metavar="'NAME: VALUE'",
+                help="Extra header for --url (repeatable); VALUE may be ${ENV}, e.g."
+                " --header 'Authorization: Bearer ${TOKEN}'. Values are never"
+                " printed.",
+            ),
+            click.option(
+                "--idempotency-header",
+                metavar="NAME",
+                help="Header carrying the message id (default Idempotency-Key).",
+            ),
+            click.option(
+                "--success",
+                metavar="LIST",
+                help="Statuses meaning done (default 2xx), e.g. 200,201.",
+            ),
+            click.option(
+                "--duplicate",
+                metavar="LIST",
+                help="Statuses meaning the partner already has it: done, counted as"
+                " a partner duplicate (default 409).",
+            ),
+            click.option(
+                "--reject",
+                metavar="LIST",
+                help="Statuses meaning dead at once (default 4xx; 408, 425, 429 are transient).",
+            ),
+            click.option(
+                "--transient",
+                metavar="LIST",
+                help="Statuses to retry (default 5xx,408,425,429; unlisted ones too).",
+            ),
+        ]
+        if timeout:
+            opts.append(
+                click.option(
+                    "--timeout",
+                    "http_timeout",
+                    type=float,
+                    default=10.0,
+                    show_default=True,
+                    help="Seconds per --url call before it is a timeout.",
+                )
+            )
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return decorate
+
+
+def is_generic(values: dict[str, Any]) -> bool:
+    """True when any spec or effect flag was given: the user's own flow, not the preset."""
+    return any(values.get(k) for k in SPEC_FLAGS)
+
+
+def check_http_flags(values: dict[str, Any]) -> None:
+    """An HTTP flag without --url would be silently ignored: refuse it."""
+    if values.get("http_url"):
+        return
+    for k in HTTP_FLAGS:
+        if values.get(k):
+            raise UsageError(f"--{k.replace('_', '-').rstrip('s')} needs --url")
+
+
+def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for h in headers:
+        name, sep, value = h.partition(":")
+        name = name.strip()
+        if not sep or not name:
+            # The whole text may be a secret: show only what is before the colon.
+            raise UsageError(f"--header {name or '?'}: not 'NAME: VALUE'")
+
+        def env(match: re.Match[str], name: str = name) -> str:
+            if match[1] not in os.environ:
+                raise UsageError(f"--header {name}: environment variable {match[1]} is not set")
+            return os.environ[match[1]]
+
+        out[name] = ENV.sub(env, value.strip())
+    return out
+
+
+def build_flow(
+    source: Any,
+    values: dict[str, Any],
+    *,
+    rabbit: bool,
+    timeout: float,
+    concurrency: int,
+    max_bytes: int | None = None,
+) -> Any:
+    """The Flow the flags describe over `source` (a DirSource or RabbitSource)."""
+    from onceq.flow import Flow
+    from onceq.message import MessageSpec
+
+    check_http_flags(values)
+    spec_args: dict[str, Any] = {
+        "id_field": values.get("id_field") or "msg_id",
+        # With --id-field the id is all a message must have, unless --required says more.
+        "required": _fields(values.get("required"), "--required") or (),
+        "group_field": values.get("group_field"),
+        "seq_field": values.get("seq_field"),
+        "keep": _fields(values.get("keep"), "--keep") or (),
+        "id_property": rabbit,
+    }
+    if max_bytes is not None:
+        spec_args["max_bytes"] = max_bytes
+    spec = MessageSpec(**spec_args)
+    effect = None
+    if values.get("http_url"):
+        from onceq.http_effect import HttpEffect, StatusMap
+
+        try:
+            statuses = StatusMap.parse(
+                success=values.get("success"),
+                duplicate=values.get("duplicate"),
+                reject=values.get("reject"),
+                transient=values.get("transient"),
+            )
+        except UsageError as exc:  # "reject: '4x9' is not …": name the flag
+            raise UsageError(f"--{exc}") from None
+        args: dict[str, Any] = {}
+        if values.get("method"):
+            args["method"] = values["method"]
+        if values.get("idempotency_header"):
+            args["idempotency_header"] = values["idempotency_header"]
+        headers = _header_pairs(values.get("headers") or ())
+        try:
+            effect = HttpEffect(
+                values["http_url"],
+                headers=headers,
+                statuses=statuses,
+                timeout=timeout,
+                concurrency=concurrency,
+                **args,
+            )
+        except UsageError as exc:  # "url …", "method: …", "header X: …": name the flag
+            raise UsageError(f"--{exc}") from None
+    return Flow(values.get("flow_name") or "default", source, spec, effect).validate()

@@ -1,0 +1,142 @@
+"""`onceq run FILE` and `onceq check FILE`: the flows of a flow file."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onceq.cli.mq import Seconds
+from onceq.cli.output import emit_json, fail, note_new_ledger, print_run_summary
+
+FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
+
+
+def _load(file: Path, names: tuple[str, ...]) -> Any:
+    """The checked flow file, or every mistake on stderr (one line each) and exit 2."""
+    from onceq.flowfile import FlowFileError, load_flows
+
+    try:
+        return load_flows(file, names)
+    except FlowFileError as exc:
+        for line in exc.lines:
+            fail(line)
+        raise SystemExit(exc.exit_code) from None
+
+
+@click.command()
+@click.argument("file", type=FLOW_FILE)
+@click.option("--json", "as_json", is_flag=True, help="Print the flows as JSON.")
+def check(file: Path, as_json: bool) -> None:
+    """Check a flow file: every mistake one line, exit 2; nothing is run or created.
+
+    Reads FILE, resolves each ${ENV} and imports each function it names, and
+    checks every key; it opens no ledger, queue folder or broker connection.
+
+    \b
+    Example:
+      onceq check flows.toml && onceq run flows.toml --until-empty
+    """
+    ff = _load(file, ())
+    rows = [
+        {"name": f.name, "source": f.kind, "effect": _effect_word(f), "sql": f.sql is not None}
+        for f in ff.flows
+    ]
+    if as_json:
+        emit_json({"file": str(file), "ledger": str(ff.ledger), "flows": rows, "ok": True})
+        return
+    for r in rows:
+        sql = " + sql" if r["sql"] else ""
+        click.echo(f"{file}: flow {r['name']}: {r['source']} -> {r['effect']}{sql}")
+    click.echo(f"{file}: OK, {len(rows)} flow(s), ledger {ff.ledger}")
+
+
+def _effect_word(flow: Any) -> str:
+    from onceq.http_effect import HttpEffect
+
+    if flow.effect is None:
+        return "ledger row"
+    if isinstance(flow.effect, HttpEffect):
+        return f"{flow.effect.method} {flow.effect.url}"
+    return "python"
+
+
+@click.command()
+@click.argument("file", type=FLOW_FILE)
+@click.option(
+    "--flow",
+    "names",
+    multiple=True,
+    metavar="NAME",
+    help="Run only this flow (repeatable; default: every flow in FILE).",
+)
+@click.option(
+    "--until-empty",
+    is_flag=True,
+    help="A batch: stop once every source is empty and nothing is in flight.",
+)
+@click.option(
+    "--max-seconds",
+    type=Seconds(min=0, min_open=True),
+    help="Stop every flow cleanly after N seconds (default: run until SIGTERM/SIGINT).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def run(
+    file: Path, names: tuple[str, ...], until_empty: bool, max_seconds: float | None, as_json: bool
+) -> None:
+    """Run the flows of a flow file in one process, into the file's one ledger.
+
+    The file is checked first, whole: any mistake is one line each, exit 2, and
+    nothing is consumed. Then every source is checked (queue folder, broker
+    queue) before the ledger is opened. A directory queue is looked at every
+    0.5 s until the run stops; on it an effect's transient failure is
+    quarantined at once (one try; delayed retries are for later). A RabbitMQ
+    queue is retried once, then dead-lettered.
+
+    Signals: without --until-empty this runs until stopped, so SIGTERM, SIGINT or
+    --max-seconds stop every flow cleanly (what is held is recorded and settled)
+    and it exits 0. With --until-empty it is a batch: 0 once every source is
+    empty, 130/143 when a signal stops it first, 1 when --max-seconds does. A
+    second signal stops at once (the next run recovers what was claimed).
+
+    \b
+    Example:
+      onceq partner invoices --port 9300 &
+      onceq run flows.toml --until-empty
+      onceq run flows.toml --flow invoices --max-seconds 60 --json
+    """
+    import asyncio
+
+    from onceq.runner import run_flows
+
+    ff = _load(file, names)
+    report = asyncio.run(
+        run_flows(ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds)
+    )
+    if report.created:
+        note_new_ledger(ff.ledger)
+    if as_json:
+        out = report.as_dict()
+        if report.signal is not None:
+            out["stopped_by"] = signal.Signals(report.signal).name
+        emit_json(out)
+    else:
+        for name, stats in report.stats.items():
+            tail = ""
+            if name in report.drained:
+                if report.unsettled[name]:
+                    tail += f", {report.unsettled[name]} unsettled (back to the queue)"
+                if report.drained[name]:
+                    tail += "; drained"
+            print_run_summary(stats, head=f"{name}: ", tail=tail)
+        click.echo(f"ledger {ff.ledger}")
+    if until_empty and not report.finished:
+        if report.signal is not None:
+            name = signal.Signals(report.signal).name
+            fail(f"{file}: stopped by {name} before every source was empty")
+            sys.exit(128 + report.signal)
+        fail(f"{file}: not every source was empty within --max-seconds {max_seconds:g}")
+        sys.exit(1)

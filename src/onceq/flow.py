@@ -1,0 +1,211 @@
+"""A flow: a source, a message spec and an effect, recorded in one ledger under its name.
+
+One model serves the three ways in (CLI flags, a TOML flow file, Python) and the
+exercise presets, so every one of them runs through the same consume loop and the
+same ledger code; only how the Flow is built differs.
+
+    Flow(name, source, message, effect, sql)
+      source   DirSource(path, workers) | RabbitSource(queue, …) | a Transport (tests)
+      message  MessageSpec: where the id is, what is required and kept
+      effect   HttpEffect | PythonEffect | a plain callable (= PythonEffect) | None
+      sql      SqlEffect | a plain callable (= SqlEffect(function)) | None
+
+With no call effect (`effect=None`) the ledger row, plus the SQL effect if any, is
+the whole effect: the loop skips its pre-check and in-flight guard and the primary
+key inside the commit decides (which is what makes an SQL effect exactly once).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceq.errors import UsageError
+
+if TYPE_CHECKING:
+    from onceq.consumer import Handler
+    from onceq.effect import SqlEffect
+    from onceq.message import MessageSpec
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DEFAULT_NAME = "default"  # every CLI-flag run and preset: a migrated ledger keeps deduplicating
+DEFAULT_PREFETCH = 5
+
+
+@dataclass(frozen=True)
+class DirSource:
+    """A directory queue at `path`; `workers` consumers on it (each its own claim folder)."""
+
+    path: Path
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+
+@dataclass(frozen=True)
+class RabbitSource:
+    """A RabbitMQ queue by name; the exchange and dead-letter names are for `mq topology`.
+
+    `url` None means EAI_AMQP_URL, else the default local broker.
+    """
+
+    queue: str
+    exchange: str | None = None
+    routing_key: str | None = None
+    dead_letter_exchange: str | None = None
+    dead_letter_queue: str | None = None
+    url: str | None = None
+    prefetch: int = DEFAULT_PREFETCH
+
+
+def _default_spec() -> MessageSpec:
+    from onceq.message import MessageSpec
+
+    return MessageSpec()
+
+
+@dataclass
+class Flow:
+    """One named flow. `validate()` says, in one line, what is wrong with it."""
+
+    name: str = DEFAULT_NAME
+    source: Any = None  # DirSource | RabbitSource | a Transport instance
+    message: MessageSpec = field(default_factory=_default_spec)
+    effect: Any = None  # HttpEffect | PythonEffect | Callable | None
+    sql: Any = None  # SqlEffect | Callable | None
+
+    @property
+    def kind(self) -> str:
+        """'dirq', 'rabbitmq' or 'transport': what runs it, and the ledger's `source` tag."""
+        if isinstance(self.source, DirSource):
+            return "dirq"
+        if isinstance(self.source, RabbitSource):
+            return "rabbitmq"
+        return "transport"
+
+    def validate(self) -> Flow:
+        """Refuse a flow that cannot run, before anything is consumed (UsageError)."""
+        where = f"flow {self.name!r}" if isinstance(self.name, str) else "flow"
+        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
+            raise UsageError(
+                f"{where}: a flow name is 1-64 of A-Z a-z 0-9 _ . - (starting with a letter"
+                " or digit)"
+            )
+        from onceq.message import MessageSpec
+
+        if not isinstance(self.message, MessageSpec):
+            raise UsageError(f"{where}: message must be a MessageSpec")
+        src = self.source
+        if src is None:
+            raise UsageError(f"{where}: no source (DirSource, RabbitSource or a transport)")
+        if isinstance(src, DirSource):
+            if not isinstance(src.workers, int) or src.workers < 1:
+                raise UsageError(f"{where}: workers must be at least 1, not {src.workers}")
+            if self.message.id_property:
+                raise UsageError(f"{where}: id_property is a RabbitMQ property; a file has none")
+        elif isinstance(src, RabbitSource):
+            if not isinstance(src.queue, str) or not src.queue:
+                raise UsageError(f"{where}: a RabbitMQ source needs a queue name")
+            if not isinstance(src.prefetch, int) or not 1 <= src.prefetch <= 65535:
+                raise UsageError(f"{where}: prefetch must be 1-65535, not {src.prefetch}")
+        elif not (hasattr(src, "deliveries") and hasattr(src, "settle")):
+            raise UsageError(f"{where}: source {type(src).__name__} is not a transport")
+        if self.effect is not None and not callable(self.effect):
+            raise UsageError(f"{where}: effect must be HttpEffect, PythonEffect or a callable")
+        if self.sql is not None:
+            from onceq.effect import SqlEffect
+
+            if not (isinstance(self.sql, SqlEffect) or callable(self.sql)):
+                raise UsageError(f"{where}: sql must be an SqlEffect or a callable (tx, doc)")
+        return self
+
+    def handler(self) -> Handler | None:
+        """The loop's handler for the call effect; None when the ledger row is the effect."""
+        from onceq.effect import PythonEffect
+        from onceq.http_effect import HttpEffect
+
+        if self.effect is None:
+            return None
+        if isinstance(self.effect, HttpEffect | PythonEffect):
+            return self.effect  # type: ignore[return-value]
+        return PythonEffect(self.effect)  # type: ignore[return-value]
+
+    def sql_effect(self) -> SqlEffect | None:
+        from onceq.effect import SqlEffect
+
+        if self.sql is None or isinstance(self.sql, SqlEffect):
+            return self.sql
+        return SqlEffect(function=self.sql)
+
+
+def open_ledger(flow: Flow, path: str | Path, source: str, *, create: bool = True) -> Any:
+    """The ledger at `path`, scoped to this flow (its dedup rows, its SQL effect)."""
+    from onceq.ledger import Ledger
+
+    return Ledger(path, source, flow=flow.name, sql=flow.sql_effect(), create=create)
+
+
+async def close_effect(handler: Any) -> None:
+    """Close what an effect holds (an HTTP session): it belongs to one run's loop."""
+    aclose: Callable[[], Any] | None = getattr(handler, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+# --- the exercise presets, as flows ---------------------------------------------------
+
+
+def orders_flow(
+    qdir: str | Path,
+    *,
+    workers: int = 1,
+    required: tuple[str, ...] | None = None,
+    max_bytes: int | None = None,
+) -> Flow:
+    """Seed 000's orders over a directory queue: the ledger row plus the `processed` table.
+
+    `required` and `max_bytes` are `dirq consume --required/--max-bytes` on the preset.
+    """
+    import dataclasses
+
+    from onceq.presets import ORDERS
+    from onceq.processed_table import PROCESSED_TABLE
+
+    spec = ORDERS
+    changes: dict[str, Any] = {}
+    if required is not None:
+        changes["required"] = tuple(required)
+    if max_bytes is not None:
+        changes["max_bytes"] = max_bytes
+    if changes:
+        spec = dataclasses.replace(spec, **changes)
+    return Flow(DEFAULT_NAME, DirSource(Path(qdir), workers), spec, None, PROCESSED_TABLE)
+
+
+def claims_flow(
+    claim_url: str,
+    *,
+    url: str | None = None,
+    prefetch: int = DEFAULT_PREFETCH,
+    timeout: float = 10.0,
+) -> Flow:
+    """Seed 001's claims: claim.in, POST CLAIM/v1/claims (201 only), the `processed` table."""
+    from onceq.amqp import topology
+    from onceq.presets import CLAIMS, claims_http
+    from onceq.processed_table import PROCESSED_TABLE
+
+    source = RabbitSource(
+        topology.QUEUE,
+        exchange=topology.EXCHANGE,
+        routing_key=topology.ROUTING_KEY,
+        dead_letter_exchange=topology.DLX,
+        dead_letter_queue=topology.DEAD_QUEUE,
+        url=url,
+        prefetch=prefetch,
+    )
+    effect = claims_http(claim_url, timeout=timeout, concurrency=prefetch)
+    return Flow(DEFAULT_NAME, source, CLAIMS, effect, PROCESSED_TABLE)

@@ -1,0 +1,107 @@
+"""Migrating a ledger of onceq 0.1.0 (schema 0) to schema 2, in place, in one transaction.
+
+0.1.0 kept one dedup table for one kind of message: `processed(msg_id PRIMARY KEY,
+order_no, seq, amount, …)`. Schema 2 deduplicates per flow in `messages`, and
+`processed` becomes the exercise's business table, which the presets' SQL effect
+(`onceq.processed_table`) keeps writing. So the migration
+
+- copies every `processed` row into `messages` under the flow 'default' (the flow
+  of every CLI run and preset), grp = order_no, kept = {"amount": amount} when set:
+  the same queue keeps refusing the same ids after the upgrade;
+- rebuilds duplicates, failures and replays with a `flow` column ('default'), their
+  ids kept (error.csv picks the newest failure by id);
+- leaves `processed` as it is, rows and all;
+- sets user_version = 2.
+
+All of it between BEGIN IMMEDIATE and COMMIT: a crash, a full disk or a statement
+that fails midway leaves the file exactly as it was (SQLite rolls back DDL too), and
+two processes that open the same old ledger at once migrate it once: the second
+waits for the write lock, then finds version 2 and does nothing. A ledger whose
+tables hold columns 0.1.0 never had is refused: its rows mean something we do not
+know, and dropping a column in a copy would lose it silently.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from onceq.errors import LedgerError
+
+# The 0.1.0 tables and their columns (git show 036b324:src/onceq/ledger_db.py).
+V1_TABLES: dict[str, set[str]] = {
+    "processed": {"msg_id", "order_no", "seq", "amount", "processed_at", "source", "ref"},
+    "duplicates": {"msg_id", "ref", "seen_at"},
+    "failures": {"id", "msg_id", "ref", "source", "reason", "detail", "attempt", "action", "at"},
+    "replays": {"id", "ref", "at"},
+}
+
+FLOW = "default"
+
+# Each statement in order. The old tables are renamed aside, the new ones made by
+# schema 2's own DDL (one definition), the rows copied, the old tables dropped.
+_RENAME = """
+ALTER TABLE duplicates RENAME TO onceq_v0_duplicates;
+ALTER TABLE failures RENAME TO onceq_v0_failures;
+ALTER TABLE replays RENAME TO onceq_v0_replays;
+DROP INDEX IF EXISTS failures_msg;
+DROP INDEX IF EXISTS failures_ref;
+"""
+_COPY = """
+INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at, source, ref)
+    SELECT 'default', msg_id, order_no, seq,
+           CASE WHEN amount IS NULL THEN '{}' ELSE json_object('amount', amount) END,
+           0, processed_at, source, ref
+    FROM processed;
+INSERT INTO duplicates (flow, msg_id, ref, seen_at)
+    SELECT 'default', msg_id, ref, seen_at FROM onceq_v0_duplicates;
+INSERT INTO failures (id, flow, msg_id, ref, source, reason, detail, attempt, action, at)
+    SELECT id, 'default', msg_id, ref, source, reason, detail, attempt, action, at
+    FROM onceq_v0_failures;
+INSERT INTO replays (id, flow, ref, at) SELECT id, 'default', ref, at FROM onceq_v0_replays;
+DROP TABLE onceq_v0_duplicates;
+DROP TABLE onceq_v0_failures;
+DROP TABLE onceq_v0_replays;
+"""
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> bool:
+    """Migrate the 0.1.0 ledger on `conn` to schema 2; False when another process
+    already did. LedgerError, with the file unchanged, when it cannot be done."""
+    from onceq.ledger_db import SCHEMA, VERSION, tables, user_version
+
+    # execute(), never executescript(): executescript commits a pending transaction
+    # first, which would make the migration two transactions.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if user_version(conn) == VERSION:  # another opener migrated it meanwhile
+            conn.execute("COMMIT")
+            return False
+        have = tables(conn)
+        unknown = [f"{t}.{c}" for t, cols in V1_TABLES.items() for c in sorted(have[t] - cols)]
+        if unknown:
+            raise LedgerError(
+                f"{path}: cannot migrate this ledger to schema {VERSION}: columns onceq 0.1.0"
+                f" never wrote ({', '.join(unknown)}); it is left as it was"
+            )
+        for sql in (*_statements(_RENAME), *_statements(SCHEMA), *_statements(_COPY)):
+            conn.execute(sql)
+        # user_version is a field of the file header: written in this transaction.
+        conn.execute(f"PRAGMA user_version={VERSION}")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if isinstance(exc, LedgerError):
+            raise
+        if isinstance(exc, sqlite3.Error):
+            raise LedgerError(
+                f"{path}: cannot migrate this onceq 0.1.0 ledger to schema {VERSION}: {exc};"
+                " it is left as it was"
+            ) from exc
+        raise
+    return True

@@ -1,0 +1,167 @@
+"""The rows a group commit writes: dedup rows, duplicate sightings, failures.
+
+`onceq.ledger.Ledger.commit` runs these inside its one transaction, in this order:
+the group's `messages` rows (one multi-row INSERT … ON CONFLICT DO NOTHING RETURNING
+per chunk: what comes back took effect), the flow's SQL effect (`onceq.ledger_sql`),
+then a `duplicates` row per refused copy and a `failures` row per failed one, each
+unless a crashed run already recorded this very copy (`recovered`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from onceq.ledger_values import text
+from onceq.transport import Kind, Settle
+
+if TYPE_CHECKING:
+    from onceq.ledger import Entry
+
+# Rows per multi-row INSERT: 9 parameters each stays far below SQLite's limit of
+# 32766 bound parameters; one statement instead of one per message.
+BULK_ROWS = 500
+
+_INSERT = (
+    "INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at,"
+    " source, ref) VALUES "
+)
+_ROW = "(?,?,?,?,?,?,?,?,?)"
+
+
+def record_successes(
+    conn: sqlite3.Connection, group: list[Entry]
+) -> tuple[list[Entry], list[Entry]]:
+    """Insert the `messages` rows of a group, many per statement; (won, lost).
+
+    One multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk: the rows
+    it returns are the copies that took effect; every other entry lost to the
+    primary key (an earlier row, or an earlier copy in the same statement) and
+    becomes a DUPLICATE. A chunk in which the database refuses a row, or in which
+    two entries could not be told apart by (msg_id, ref), goes row by row.
+    """
+    won: list[Entry] = []
+    lost: list[Entry] = []
+    for i in range(0, len(group), BULK_ROWS):
+        chunk = group[i : i + BULK_ROWS]
+        keys = [(e.row[1], e.row[8]) for e in chunk]
+        if len(set(keys)) < len(keys):
+            for e in chunk:
+                record_success(conn, e, won, lost)
+            continue
+        args: list[Any] = []
+        for e in chunk:
+            args += e.row
+        try:
+            back = set(
+                conn.execute(
+                    _INSERT
+                    + ",".join([_ROW] * len(chunk))
+                    + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref",
+                    args,
+                ).fetchall()
+            )
+        except sqlite3.Error:
+            if not conn.in_transaction:
+                raise
+            for e in chunk:  # the statement was undone: find the row it refused
+                record_success(conn, e, won, lost)
+            continue
+        for e, key in zip(chunk, keys, strict=True):
+            if key in back:
+                won.append(e)
+            else:  # the primary key refused a second copy
+                e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
+                lost.append(e)
+    return won, lost
+
+
+def record_success(conn: sqlite3.Connection, e: Entry, won: list[Entry], lost: list[Entry]) -> None:
+    # No SAVEPOINT around the insert (it cost two statements per message): when a
+    # statement breaks a constraint, SQLite undoes that statement alone and keeps
+    # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
+    # would give. Only a constraint (a CHECK, a trigger's RAISE) refuses *this
+    # message*; any other error (disk full, I/O, a broken trigger or schema) is the
+    # ledger's and is re-raised: the group fails as one and its files stay for the
+    # next run, instead of every good message being quarantined.
+    try:
+        row = conn.execute(
+            _INSERT + _ROW + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id", e.row
+        ).fetchone()
+    except sqlite3.IntegrityError as exc:
+        if not conn.in_transaction:
+            raise
+        e.kind, e.settle = Kind.REJECTED, Settle.DEAD
+        e.reason, e.detail = "ledger-refused", str(exc)
+        return
+    if row is None:  # the primary key refused a second copy
+        e.kind = Kind.DUPLICATE
+        e.settle = Settle.ACK
+        lost.append(e)
+    else:
+        won.append(e)
+
+
+def failure_recorded(conn: sqlite3.Connection, flow: str, source: str, e: Entry) -> bool:
+    """Did a crashed run already record this very copy's failure?
+
+    Only a redelivered copy with a stable ref can tell (a file taken over from a
+    dead consumer): if its newest failure row is newer than its newest replay,
+    the crash fell between that commit and the move to error/, and only the
+    move is left to do. Without this, every such crash would add a failure row.
+    """
+    d = e.delivery
+    if not (d.redelivered and d.stable_ref):
+        return False
+    row = conn.execute(
+        "SELECT max(at) FROM failures WHERE ref = ? AND flow = ? AND source = ?"
+        " AND action = 'dead'",
+        (text(d.ref), flow, source),
+    ).fetchone()
+    if row is None or row[0] is None:
+        return False
+    replayed = conn.execute(
+        "SELECT max(at) FROM replays WHERE ref = ? AND flow = ?", (text(d.ref), flow)
+    ).fetchone()
+    return replayed is None or replayed[0] is None or replayed[0] < row[0]
+
+
+def record_duplicate(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
+    d = e.delivery
+    row = conn.execute(
+        "SELECT ref, source FROM messages WHERE flow = ? AND msg_id = ?", (flow, d.msg_id)
+    ).fetchone()
+    if d.stable_ref and row is not None and row[0] == text(d.ref) and row[1] == source:
+        # The row names this very file: we crashed after the commit and before the
+        # move. It is finished work, not a duplicate.
+        e.recovered = True
+        return
+    new = conn.execute(
+        "INSERT INTO duplicates (flow, msg_id, ref, seen_at) VALUES (?,?,?,?)"
+        " ON CONFLICT(flow, msg_id, ref) DO NOTHING RETURNING msg_id",
+        (flow, d.msg_id, text(d.ref), now),
+    ).fetchone()
+    if new is None and d.stable_ref and d.redelivered:
+        # This very copy (a file taken over from a dead consumer) was already
+        # recorded as a duplicate before the crash: only its move was left.
+        e.recovered = True
+
+
+def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
+    conn.execute(
+        "INSERT INTO failures (flow, msg_id, ref, source, reason, detail, attempt,"
+        " action, at) VALUES (?,?,?,?,?,?,?,?,?)",
+        (
+            flow,
+            # A failure row is the record of a message that went wrong, so nothing in
+            # it may be refused: texts go through `text`.
+            text(e.delivery.msg_id),
+            text(e.delivery.ref),
+            source,
+            text(e.reason),
+            text(e.detail),
+            e.attempt,
+            "requeue" if e.settle is Settle.REQUEUE else "dead",
+            now,
+        ),
+    )

@@ -1,0 +1,66 @@
+"""The exercises' `processed` table, as a built-in SQL effect of the presets.
+
+Since schema 2 the ledger's dedup row lives in `messages`, per flow. The exercises
+still read `processed` (seed 000: `.schema processed`, order-check.sql, the row
+counts), so the presets (orders, claims) write it as their *business* table, in the
+ledger's own transaction: its row and the dedup row commit together or not at all,
+exactly like a user's SQL effect. The DDL is 0.1.0's, word for word, so
+`.schema processed` prints what it always printed.
+
+It is a bulk effect: one multi-row INSERT per group (per 500 rows), so the presets
+pay one statement per group for it, not one per message. Its columns come from the
+decoder's fields: order_no = the group, seq, amount = kept["amount"].
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from onceq.effect import SqlEffect
+
+if TYPE_CHECKING:
+    from onceq.ledger import Entry
+
+DDL = """
+CREATE TABLE IF NOT EXISTS processed (
+    msg_id       TEXT PRIMARY KEY,
+    order_no     TEXT,              -- the business key: an order number, a claimId
+    seq          INTEGER,           -- the sender's sequence number within order_no
+    amount       REAL,
+    processed_at TEXT NOT NULL,     -- UTC, ISO 8601
+    source       TEXT NOT NULL DEFAULT 'dirq',
+    ref          TEXT               -- the file name / delivery that took effect
+);
+"""
+
+BULK_ROWS = 500  # 7 parameters each: far below SQLite's 32766 bound parameters
+
+
+def _amount(e: Entry) -> Any:
+    kept = e.fields.get("kept") or {}
+    return kept.get("amount")
+
+
+def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
+    """One INSERT per chunk of the entries that took effect (their dedup rows are in).
+
+    A plain INSERT, not ON CONFLICT DO NOTHING: a msg_id already here but not in
+    `messages` is an inconsistency a person made, and the ledger refuses that one
+    message (ledger-refused) instead of letting the two tables disagree silently.
+    """
+    for i in range(0, len(entries), BULK_ROWS):
+        chunk = entries[i : i + BULK_ROWS]
+        args: list[Any] = []
+        for e in chunk:
+            # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref)
+            r = e.row
+            args += (r[1], r[2], r[3], _amount(e), r[6], r[7], r[8])
+        tx.execute(
+            "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
+            " VALUES " + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk)),
+            args,
+        )
+
+
+PROCESSED_TABLE = SqlEffect(function=None, setup=DDL, bulk=write_rows)

@@ -1,0 +1,367 @@
+"""Run flows: several in one process and one asyncio loop, one ledger file, one stop.
+
+    onceq.run(flow_a, flow_b, ledger="ledger.db", until_empty=True)  ->  {name: Stats}
+
+Each flow gets its own `Ledger` object on the same file (SQLite's write lock and
+`BEGIN IMMEDIATE` serialise their commits; dedup is per flow, so two flows never
+refuse each other's ids). The per-source work is the code `dirq consume` and
+`mq consume` run (`onceq.dirq.run.consume_flow`, `onceq.amqp.consume.consume_flow`):
+there is no second consume path for flow files or the Python API.
+
+Order of a start, as in `mq consume`: every source is checked first (the queue
+folder exists, the broker has the queue), then the ledger is opened, then consuming
+starts; so a refused run leaves no ledger file and consumes nothing.
+
+Stopping is one decision for all flows: the first SIGINT/SIGTERM (or `max_seconds`)
+stops every flow cleanly (nothing new is taken; what is held is recorded and
+settled); a second signal stops the process at once, which is as safe as a kill -9
+(unsettled copies come back: the broker requeues them, the next run of a directory
+queue recovers its claims).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceq.errors import UsageError
+
+if TYPE_CHECKING:
+    from onceq.consumer import Stats
+    from onceq.flow import Flow
+    from onceq.ledger import Entry
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
+
+
+class Stop:
+    """One stop for everything a process runs: signals, a deadline, a failed flow.
+
+    `add(on_stop)` registers a consumer's stop; `request()` calls them all (a deadline,
+    a failure). The first signal does the same; a second one either re-raises the
+    signal with its default action (`second="raise"`: the process ends at once, as
+    safe as a kill -9) or sets `abort` (`second="abort"`: `mq consume` cuts its grace
+    short and exits 130/143 itself). A signal counts as a second one when a stop was
+    already requested, or when a registered `stopped()` says its consumer already
+    stopped on its own (a drained queue).
+    """
+
+    def __init__(self, *, second: str = "raise", respect_ignored: bool = True) -> None:
+        self.second = second
+        # A --workers child ignores SIGINT (the parent forwards a stop): keep that. A
+        # long-running `mq consume` takes both signals whatever it inherited.
+        self.respect_ignored = respect_ignored
+        self.signals: list[int] = []
+        self.requested = False
+        self.abort = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._on_stop: list[Callable[[], None]] = []
+        self._stopped: list[Callable[[], bool]] = []
+
+    def add(self, on_stop: Callable[[], None], stopped: Callable[[], bool] | None = None) -> None:
+        """Call `on_stop` at the stop (at once if it already came)."""
+        self._on_stop.append(on_stop)
+        if stopped is not None:
+            self._stopped.append(stopped)
+        if self.requested:
+            on_stop()
+
+    def discard(self, on_stop: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_stop.remove(on_stop)
+
+    def request(self) -> None:
+        """Stop every registered consumer cleanly (idempotent)."""
+        self.requested = True
+        self._wake.set()
+        for fn in list(self._on_stop):
+            fn()
+
+    async def sleep(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if a stop comes; True when stopped."""
+        if not self.requested:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), seconds)
+        return self.requested
+
+    def on_signal(self, signum: int) -> None:
+        if self.second == "abort":  # mq consume: any stop already under way makes it second
+            second = self.requested or any(check() for check in self._stopped)
+        else:  # a deadline's stop is not a signal: only a signal before this one counts
+            second = bool(self.signals)
+        self.signals.append(signum)
+        if second and self.second != "abort":
+            # As the default handler would: end now (the next run recovers the claims).
+            self._uninstall()
+            signal.raise_signal(signum)
+            return
+        if second:
+            self.abort.set()
+        self.request()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Stop]:
+        """Handle SIGINT/SIGTERM on the running loop (main thread only) while inside."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._installed: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                if self.respect_ignored and signal.getsignal(s) is signal.SIG_IGN:
+                    continue
+                loop.add_signal_handler(s, self.on_signal, s)
+                self._installed.append(s)
+        # A --workers child starts with them blocked, so that none is lost or fatal
+        # before this point; from here on they stop the run cleanly.
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self._installed)
+        try:
+            yield self
+        finally:
+            self._uninstall()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _uninstall(self) -> None:
+        for s in getattr(self, "_installed", []):
+            self._loop.remove_signal_handler(s)
+        self._installed = []
+
+
+class Gate:
+    """Every source checked before any ledger is opened: a refused run creates nothing."""
+
+    def __init__(self, parties: int) -> None:
+        self._left = parties
+        self._open = asyncio.Event()
+        if parties <= 0:
+            self._open.set()
+
+    async def arrive(self) -> None:
+        self._left -= 1
+        if self._left <= 0:
+            self._open.set()
+        await self._open.wait()
+
+    @property
+    def passed(self) -> bool:
+        return self._open.is_set()
+
+
+@dataclass
+class RunReport:
+    """What a run of several flows did; `finished` says a batch emptied every source."""
+
+    ledger: Path
+    stats: dict[str, Stats] = field(default_factory=dict)
+    drained: dict[str, bool] = field(default_factory=dict)  # rabbitmq flows
+    unsettled: dict[str, int] = field(default_factory=dict)  # rabbitmq flows
+    signal: int | None = None
+    deadline: bool = False
+    created: bool = False  # this run made the ledger file
+
+    @property
+    def finished(self) -> bool:
+        return self.signal is None and not self.deadline and all(self.drained.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        flows = {}
+        for name, stats in self.stats.items():
+            d = stats.as_dict()
+            if name in self.drained:
+                d["drained"] = self.drained[name]
+                d["unsettled"] = self.unsettled[name]
+            flows[name] = d
+        return {"ledger": str(self.ledger), "flows": flows, "finished": self.finished}
+
+
+def check_flows(flows: Sequence[Flow]) -> list[Flow]:
+    """Each flow valid and named once (two flows of one name would share their dedup)."""
+    from onceq.flow import Flow
+
+    if not flows:
+        raise UsageError("no flow to run")
+    seen: set[str] = set()
+    for f in flows:
+        if not isinstance(f, Flow):
+            raise UsageError(f"{f!r}: not a Flow")
+        f.validate()
+        if f.name in seen:
+            raise UsageError(f"flow {f.name!r}: named twice; each flow needs its own name")
+        seen.add(f.name)
+    return list(flows)
+
+
+def run(
+    *flows: Flow,
+    ledger: str | Path,
+    until_empty: bool = False,
+    max_seconds: float | None = None,
+) -> dict[str, Stats]:
+    """Run the flows until stopped (or, with `until_empty`, until every source is empty).
+
+    Returns each flow's counts by name. Signals are handled only when called from
+    the main thread; `max_seconds` stops every flow cleanly after that long.
+    """
+    return asyncio.run(
+        run_async(*flows, ledger=ledger, until_empty=until_empty, max_seconds=max_seconds)
+    )
+
+
+async def run_async(
+    *flows: Flow,
+    ledger: str | Path,
+    until_empty: bool = False,
+    max_seconds: float | None = None,
+) -> dict[str, Stats]:
+    """`run` inside a running event loop."""
+    report = await run_flows(flows, ledger, until_empty=until_empty, max_seconds=max_seconds)
+    return report.stats
+
+
+async def run_flows(
+    flows: Sequence[Flow],
+    ledger: str | Path,
+    *,
+    until_empty: bool = False,
+    max_seconds: float | None = None,
+    on_settled: Callable[[str, Sequence[Entry]], None] | None = None,
+) -> RunReport:
+    """Run `flows` side by side; what `onceq run` and `onceq.run` share."""
+    from onceq.consumer import Stats
+
+    flows = check_flows(flows)
+    if max_seconds is not None and not max_seconds > 0:
+        raise UsageError(f"max_seconds must be a positive number, not {max_seconds}")
+    report = RunReport(Path(ledger), created=not Path(ledger).exists())
+    stop = Stop(second="raise")
+    jobs: list[tuple[Flow, Any]] = []
+    for f in flows:
+        copies = f.source.workers if f.kind == "dirq" else 1
+        jobs.extend((f, None) for _ in range(copies))
+    gate = Gate(len(jobs))
+    loop = asyncio.get_running_loop()
+    with stop.installed():
+        deadline = None
+        if max_seconds is not None:
+
+            def on_deadline() -> None:
+                report.deadline = not stop.requested
+                stop.request()
+
+            deadline = loop.call_later(max_seconds, on_deadline)
+        tasks = [
+            asyncio.create_task(
+                _run_one(f, report.ledger, stop, gate, until_empty, on_settled),
+                name=f"onceq-flow-{f.name}",
+            )
+            for f, _ in jobs
+        ]
+        try:
+            results = await _wait_all(tasks, stop, gate)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+    for (f, _), result in zip(jobs, results, strict=True):
+        stats = report.stats.setdefault(f.name, Stats(dead_word=result["stats"].dead_word))
+        stats.merge(result["stats"].as_dict())
+        if "drained" in result:
+            report.drained[f.name] = result["drained"]
+            report.unsettled[f.name] = result["unsettled"]
+    report.signal = stop.signals[0] if stop.signals else None
+    return report
+
+
+async def _wait_all(tasks: list[asyncio.Task[Any]], stop: Stop, gate: Gate) -> list[Any]:
+    """Every flow's result; the first failure stops the others, then is raised.
+
+    Before the gate (sources being checked) a failure cancels the rest: nothing has
+    been consumed and no ledger opened. After it, the others stop cleanly, so what
+    they hold is recorded and settled before the error is reported.
+    """
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            if not gate.passed:
+                for t in pending:
+                    t.cancel()
+            stop.request()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise failed[0].exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+async def _run_one(
+    flow: Flow,
+    ledger: Path,
+    stop: Stop,
+    gate: Gate,
+    until_empty: bool,
+    on_settled: Callable[[str, Sequence[Entry]], None] | None,
+) -> dict[str, Any]:
+    settled = None if on_settled is None else (lambda group: on_settled(flow.name, group))
+    if flow.kind == "rabbitmq":
+        from onceq.amqp.consume import ConsumeOptions, consume_flow
+
+        opts = ConsumeOptions(db=ledger, until_empty=until_empty, timeout=_timeout(flow))
+        result = await consume_flow(
+            flow, opts, on_settled=settled, stop=stop, before_ledger=gate.arrive
+        )
+        return {
+            "stats": result.stats,
+            "drained": bool(result.drained),
+            "unsettled": result.unsettled,
+        }
+    if flow.kind == "transport":
+        return {"stats": await _run_transport(flow, ledger, stop, gate, settled)}
+    from onceq.dirq.run import consume_flow as consume_dir
+
+    stats = await consume_dir(
+        flow,
+        ledger,
+        stop=stop,
+        until_empty=until_empty,
+        on_settled=settled,
+        before_ledger=gate.arrive,
+    )
+    return {"stats": stats}
+
+
+async def _run_transport(
+    flow: Flow,
+    ledger: Path,
+    stop: Stop,
+    gate: Gate,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+) -> Stats:
+    """A flow over a Transport instance (a MemoryTransport in a user's tests)."""
+    from onceq.consumer import Consumer, no_effect
+    from onceq.flow import close_effect, open_ledger
+
+    await gate.arrive()
+    handler = flow.handler()
+    try:
+        with open_ledger(flow, ledger, "memory") as book:
+            consumer = Consumer(
+                flow.source, book, flow.message.decode, handler or no_effect, on_settled=on_settled
+            )
+            stop.add(consumer.stop)
+            try:
+                return await consumer.run()
+            finally:
+                stop.discard(consumer.stop)
+    finally:
+        await close_effect(handler)
+
+
+def _timeout(flow: Flow) -> float:
+    """The effect's per-call timeout: what a clean stop must wait for at most."""
+    value = getattr(flow.effect, "timeout", None)
+    return float(value) if isinstance(value, int | float) else 10.0
