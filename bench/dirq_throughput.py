@@ -213,7 +213,8 @@ def flow(root: Path, with_sql: bool) -> int:
     sql = SqlEffect(save_invoice, setup=INVOICES_DDL) if with_sql else None
     db = root / "ledger.db"
     try:
-        from onceq import DirSource, Flow, MessageSpec, run
+        from onceq import DirSource, Flow, run
+        from onceq.message import MessageSpec
     except ImportError:
         return _flow_composed(root, db, sql)
     spec = MessageSpec(id_field="invoiceId", required=("customer", "total"))
