@@ -29,7 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compare import Checkout
 
 HOST = "127.0.0.1"
 BROKER = (HOST, 5672)
@@ -347,13 +350,22 @@ class ConsumerRun:
 
 
 def run_consumer(
-    vhost: Vhost, claim: str, db: Path, n: int, prefetch: int, limit: float = 150
+    vhost: Vhost,
+    claim: str,
+    db: Path,
+    n: int,
+    prefetch: int,
+    limit: float = 150,
+    checkout: Checkout | None = None,
 ) -> ConsumerRun:
     """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
 
-    --max-seconds is only a safety net: a consumer that stalls ends the bench.
+    --max-seconds is only a safety net: a consumer that stalls ends the bench. With a
+    checkout (bench/compare.py), that checkout's interpreter and code run it.
     """
-    cmd = [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim,
+    python = checkout.python if checkout else sys.executable
+    env = checkout.env(vhost.env()) if checkout else vhost.env()
+    cmd = [python, "-m", "onceq", "mq", "consume", "--claim", claim,
            "--prefetch", str(prefetch), "--db", str(db), "--json",
            "--max-seconds", str(limit)]  # fmt: skip
     log = db.with_suffix(".stderr")
@@ -361,9 +373,7 @@ def run_consumer(
     # stderr to a file, not a pipe: nobody reads a pipe while we poll, and a chatty
     # consumer would block on a full one.
     with log.open("w") as err_file:
-        proc = subprocess.Popen(
-            cmd, env=vhost.env(), stdout=subprocess.PIPE, stderr=err_file, text=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
         while ledger_count(db) < n and proc.poll() is None:
             time.sleep(0.02)
         wall = time.perf_counter() - t0
@@ -374,6 +384,68 @@ def run_consumer(
         err = log.read_text()[-2000:]
         sys.exit(f"bench: consumer exited {proc.returncode} with {ledger_count(db)}/{n}: {err}")
     return ConsumerRun(json.loads(out), ledger_span(db), wall, cpu)
+
+
+def bare_consumer(vhost: Vhost, claim: str, n: int, prefetch: int) -> ConsumerRun:
+    """The ceiling of a consumer: aiormq + aiohttp, ack after the POST, no ledger.
+
+    What onceq's consumer does with every avoidable cost removed: the same client
+    libraries (aiormq under aio-pika, aiohttp), `prefetch` deliveries in flight, each
+    POSTed to the stub with its Idempotency-Key and acked on a 201 — but no decoding
+    beyond the message_id, no ledger, no commit, no fsync, so nothing is exactly-once.
+    Runs in this process; its span is taken from the ack times (as onceq's from its
+    commit stamps), its CPU from this process's counters.
+    """
+    import aiohttp
+    import aiormq
+
+    acks: list[float] = []
+    refused: list[int] = []
+    url = f"{claim}/v1/claims"
+
+    async def run() -> float:
+        connection = await aiormq.connect(vhost.url)
+        all_in = asyncio.Event()
+        t0 = time.perf_counter()
+        try:
+            channel = await connection.channel()
+            await channel.basic_qos(prefetch_count=prefetch)
+            connector = aiohttp.TCPConnector(limit=prefetch)
+            async with aiohttp.ClientSession(connector=connector) as session:
+
+                async def on_message(message: Any) -> None:
+                    headers = {
+                        "Content-Type": "application/json",
+                        "Idempotency-Key": message.header.properties.message_id,
+                    }
+                    async with session.post(url, data=message.body, headers=headers) as r:
+                        await r.read()
+                        status = r.status
+                    tag = message.delivery_tag
+                    if status == 201:
+                        await channel.basic_ack(tag)
+                        acks.append(time.perf_counter())
+                        if len(acks) >= n:
+                            all_in.set()
+                    else:  # the bench's stub accepts every claim: anything else is a fault
+                        await channel.basic_reject(tag, requeue=False)
+                        refused.append(status)
+                        all_in.set()
+
+                await channel.basic_consume("claim.in", on_message, no_ack=False)
+                await asyncio.wait_for(all_in.wait(), 150)
+                return time.perf_counter() - t0
+        finally:
+            await connection.close()
+
+    cpu0 = own_cpu()
+    wall = asyncio.run(run())
+    cpu = own_cpu() - cpu0
+    if refused:
+        sys.exit(f"bench: bare consumer: the stub answered {refused[0]}, not 201")
+    first, last = acks[0], acks[-1]
+    span = Span(len(acks), len(acks) - 1, last - first)
+    return ConsumerRun({"received": len(acks)}, span, wall, cpu)
 
 
 def check_drained(vhost: Vhost, base: str, n: int, label: str) -> None:

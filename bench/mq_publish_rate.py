@@ -1,6 +1,7 @@
 """Publish rate: `onceq mq publish` (windowed confirms) against one confirm per message.
 
-    python bench/mq_publish_rate.py [--messages 5000] [--window 256]
+    python bench/mq_publish_rate.py [--messages 5000] [--window 256] [--rounds 3]
+                                    [--compare PATH]
 
 In a temporary vhost with the claims topology, the same claim files are published
 three ways, each as persistent, mandatory messages with message_id = guid and
@@ -11,7 +12,12 @@ content_type application/json, every one confirmed by the broker:
 - onceq (library): load_claims + publish(url, claims, window=256), what
   `onceq mq publish` runs, timed inside this process;
 - onceq (CLI): `python -m onceq mq publish FILE… --json` as a subprocess, wall
-  clock, so the interpreter start-up and imports (~0.3-0.5 s) are included.
+  clock, so the interpreter start-up and imports (~0.3-0.5 s) are included;
+- ceiling: a bare aiormq publisher with the same window of confirms — read each
+  file, take its guid, basic_publish persistent + mandatory with message_id and
+  content_type — and nothing else (no validation of the files before the first
+  publish, no copy header, no error translation): onceq's library call minus its
+  checks, so `of ceil` says what they cost.
 
 Library and baseline are timed the same way: from before the files are read to
 after the connection is closed (connect and every confirm included). After each
@@ -27,6 +33,10 @@ on round trips, so contention shrinks the ratio; the fastest run of each side is
 the least disturbed one. Medians are printed beside it, with the CPU each side
 used per message (this process or the CLI child / the broker's beam.smp).
 Exits 1 when the target is missed.
+
+--compare PATH runs the library and CLI rows a second time with the checkout at PATH
+(bench/compare.py), in the same interleaved rounds; that checkout's library call is
+timed inside its child process, exactly as this one's is timed here.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import compare
 import mq_common as mc
 
 
@@ -71,6 +82,44 @@ def baseline(vhost: mc.Vhost, paths: list[Path]) -> None:
         conn.close()
 
 
+def ceiling(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
+    """Windowed confirms with nothing else: aiormq, read, guid, publish, await the confirm."""
+    import aiormq
+    from pamqp.commands import Basic
+
+    async def run() -> int:
+        connection = await aiormq.connect(vhost.url)
+        try:
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            slots = asyncio.Semaphore(window)
+
+            async def one(body: bytes, guid: str) -> bool:
+                try:
+                    props = aiormq.spec.Basic.Properties(
+                        delivery_mode=2, message_id=guid, content_type="application/json"
+                    )
+                    confirm = await channel.basic_publish(
+                        body, exchange="eai.claim", routing_key="claim", properties=props,
+                        mandatory=True, wait=False,
+                    )  # fmt: skip
+                    return isinstance(confirm, Basic.Ack)
+                finally:
+                    slots.release()
+
+            tasks = []
+            for p in paths:
+                body = p.read_bytes()
+                guid = json.loads(body)["guid"]
+                await slots.acquire()
+                tasks.append(asyncio.create_task(one(body, guid)))
+            return sum(await asyncio.gather(*tasks))
+        finally:
+            await connection.close()
+
+    if asyncio.run(run()) != len(paths):
+        sys.exit("bench: ceiling publisher: not every message was confirmed")
+
+
 def ours_library(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
     from onceq.amqp.publisher import load_claims, publish
 
@@ -78,11 +127,23 @@ def ours_library(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
     assert report.published == len(paths)
 
 
-def ours_cli(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
+def timed_library(url: str, paths: list[str], window: int) -> float:
+    """Seconds of `ours_library`, timed in this process: what a --compare child calls."""
+    vhost = mc.Vhost("", url)
+    t = time.perf_counter()
+    ours_library(vhost, [Path(p) for p in paths], window)
+    return time.perf_counter() - t
+
+
+def ours_cli(
+    vhost: mc.Vhost, paths: list[Path], window: int, checkout: compare.Checkout | None = None
+) -> None:
+    python = checkout.python if checkout else sys.executable
+    env = checkout.env(vhost.env()) if checkout else vhost.env()
     done = subprocess.run(
-        [sys.executable, "-m", "onceq", "mq", "publish", *map(str, paths),
+        [python, "-m", "onceq", "mq", "publish", *map(str, paths),
          "--window", str(window), "--json"],
-        env=vhost.env(), capture_output=True, text=True, timeout=150, check=False,
+        env=env, capture_output=True, text=True, timeout=150, check=False,
     )  # fmt: skip
     if done.returncode != 0 or json.loads(done.stdout)["published"] != len(paths):
         sys.exit(f"bench: onceq mq publish exited {done.returncode}: {done.stderr}")
@@ -95,11 +156,12 @@ class Run:
     broker_us: float | None  # CPU of the broker's beam.smp, per message
 
 
-def measure(vhost: mc.Vhost, n: int, fn: Callable[[], None]) -> Run:
+def measure(vhost: mc.Vhost, n: int, fn: Callable[[], float | None]) -> Run:
+    """One run; fn may return its own seconds (a child that timed itself), else it is timed."""
     c0, b0 = mc.own_cpu(), mc.broker_cpu()
     t = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - t
+    own = fn()
+    seconds = own if own is not None else time.perf_counter() - t
     c1, b1 = mc.own_cpu(), mc.broker_cpu()
     ready, unacked = mc.depth(vhost)
     if ready != n or unacked:
@@ -119,19 +181,49 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=256, help="onceq's confirms in flight")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each side, interleaved")
     ap.add_argument("--target", type=float, default=5.0, help="required ratio vs baseline")
+    compare.add_argument(ap)
     args = ap.parse_args()
     n, window = args.messages, args.window
+    other = compare.open_checkout(args.compare) if args.compare else None
 
     print(mc.machine())
     print(f"{n} claim files per run, persistent + mandatory + confirmed; {args.rounds} round(s)")
-    runs: dict[str, list[Run]] = {"base": [], "lib": [], "cli": []}
+    this = compare.here()
+    print(f"onceq {this.label}", end="")
+    print(f", --compare {other.label} ({other.python})" if other else "")
+    rows: list[tuple[str, str]] = [
+        ("baseline: pika, 1 confirm awaited per message", "base"),
+        (f"ceiling: bare aiormq, window {window}, no checks", "ceil"),
+        (f"onceq publish (library, window {window})", "lib"),
+        (f"onceq mq publish (CLI wall, window {window})", "cli"),
+    ]
+    if other:
+        rows.insert(3, (f"  the same, {other.label}", "lib@other"))
+        rows.append((f"  the same, {other.label}", "cli@other"))
+    runs: dict[str, list[Run]] = {k: [] for _, k in rows}
     with tempfile.TemporaryDirectory(prefix="onceq-bench-") as tmp, mc.temp_vhost("pub") as vh:
         paths = mc.write_claims(Path(tmp), n, "pub")
         mc.topology(vh)
-        for _ in range(args.rounds):
-            runs["base"].append(measure(vh, n, lambda: baseline(vh, paths)))
-            runs["lib"].append(measure(vh, n, lambda: ours_library(vh, paths, window)))
-            runs["cli"].append(measure(vh, n, lambda: ours_cli(vh, paths, window)))
+        sides: dict[str, Callable[[], float | None]] = {
+            "base": lambda: baseline(vh, paths),
+            "ceil": lambda: ceiling(vh, paths, window),
+            "lib": lambda: ours_library(vh, paths, window),
+            "cli": lambda: ours_cli(vh, paths, window),
+        }
+        if other:
+            sides["lib@other"] = lambda: other.call(
+                "mq_publish_rate", "timed_library", vh.url, list(map(str, paths)), window
+            )
+            sides["cli@other"] = lambda: ours_cli(vh, paths, window, other)
+        keys = [k for _, k in rows]
+        for r in range(args.rounds):
+            # Each round starts one side later: the run right after the baseline found
+            # the broker still busy with the baseline's deleted queue (the ceiling,
+            # second in every round, measured 0.5-0.8 of onceq's library call; run
+            # alternately with it, 0.9-1.3), so no side may always follow the same one.
+            shift = r % len(keys)
+            for k in keys[shift:] + keys[:shift]:
+                runs[k].append(measure(vh, n, sides[k]))
 
     best = {k: max(r.rate for r in v) for k, v in runs.items()}
     med = {k: statistics.median(r.rate for r in v) for k, v in runs.items()}
@@ -149,6 +241,7 @@ def main() -> int:
             "publisher",
             "best msg/s",
             "ratio",
+            "of ceil",
             "median",
             "ratio",
             "runs (msg/s)",
@@ -159,18 +252,19 @@ def main() -> int:
                 label,
                 f"{best[k]:.0f}",
                 f"{best[k] / ref:.1f}x",
+                f"{best[k] / best['ceil']:.2f}",
                 f"{med[k]:.0f}",
                 f"{med[k] / med['base']:.1f}x",
                 " ".join(f"{r.rate:.0f}" for r in runs[k]),
                 cpu(k),
             )
-            for label, k in (
-                ("baseline: pika, 1 confirm awaited per message", "base"),
-                (f"onceq publish (library, window {window})", "lib"),
-                (f"onceq mq publish (CLI wall, window {window})", "cli"),
-            )
+            for label, k in rows
         ],
     )
+    print("(of ceil: best against the ceiling's best; a child's CPU counts as the client's)")
+    if other:
+        lib, cli = best["lib"] / best["lib@other"], best["cli"] / best["cli@other"]
+        print(f"\nthis / {other.label}, best runs: library {lib:.2f}, CLI {cli:.2f}")
     met = mc.verdict("onceq (library) / baseline, best runs", best["lib"] / ref, args.target)
     print(f"(CLI including interpreter start-up: {best['cli'] / ref:.1f}x;", end=" ")
     print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpu(s))")
