@@ -1,21 +1,51 @@
 """onceq: consume messages effectively once.
 
 At-least-once delivery plus a ledger whose primary key refuses the second copy,
-written in the same transaction as the business effect. Two transports share the
-one consume loop (`onceq.consumer.Consumer`): a directory queue (`onceq.dirq`) and
-RabbitMQ (`onceq.amqp`).
+written in the same transaction as the business effect. A *flow* (a source, a
+message spec, an effect) is what a user defines; `onceq.run` runs flows, and every
+transport goes through the one consume loop (`onceq.Consumer`). docs/api.md is the
+guide to the names below.
+
+The public names are exactly `__all__` (tests/unit/test_public_api.py fixes the
+list): anything else under `onceq.` may change without notice.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from onceq.errors import OnceqError
+from onceq.errors import (
+    BadMessage,
+    BrokerUnavailable,
+    Conflict,
+    LedgerError,
+    NotFound,
+    OnceqError,
+    QueueError,
+    Unroutable,
+    UsageError,
+)
 
 # Imported on first use: `onceq dirq lag` and `--help` must start without sqlite3
 # and asyncio, since a short command's time is mostly start-up.
 _LAZY = {
+    # a flow and how it runs
+    "Flow": "onceq.flow",
+    "DirSource": "onceq.flow",
+    "RabbitSource": "onceq.flow",
+    "MessageSpec": "onceq.message",
+    "HttpEffect": "onceq.http_effect",
+    "StatusMap": "onceq.http_effect",
+    "PythonEffect": "onceq.effect",
+    "SqlEffect": "onceq.effect",
+    "Reject": "onceq.effect",
+    "Retry": "onceq.effect",
+    "run": "onceq.runner",
+    "run_async": "onceq.runner",
+    "load_flows": "onceq.flowfile",
+    # testing a flow, and the loop underneath
+    "MemoryTransport": "onceq.memory",
     "Consumer": "onceq.consumer",
     "Outcome": "onceq.consumer",
     "Stats": "onceq.consumer",
@@ -24,15 +54,55 @@ _LAZY = {
     "Kind": "onceq.transport",
     "Settle": "onceq.transport",
     "decide": "onceq.transport",
-    "Flow": "onceq.flow",
-    "DirSource": "onceq.flow",
-    "RabbitSource": "onceq.flow",
-    "run": "onceq.runner",
-    "run_async": "onceq.runner",
-    "load_flows": "onceq.flowfile",
 }
 
-__all__ = ["OnceqError", *_LAZY]
+# Written out (not built from _LAZY): a linter and a reader see the public names here.
+__all__ = [
+    "BadMessage",
+    "BrokerUnavailable",
+    "Conflict",
+    "Consumer",
+    "Delivery",
+    "DirSource",
+    "Flow",
+    "HttpEffect",
+    "Kind",
+    "Ledger",
+    "LedgerError",
+    "MemoryTransport",
+    "MessageSpec",
+    "NotFound",
+    "OnceqError",
+    "Outcome",
+    "PythonEffect",
+    "QueueError",
+    "RabbitSource",
+    "Reject",
+    "Retry",
+    "Settle",
+    "SqlEffect",
+    "Stats",
+    "StatusMap",
+    "Unroutable",
+    "UsageError",
+    "__version__",
+    "decide",
+    "load_flows",
+    "run",
+    "run_async",
+]
+
+if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ imports
+    from onceq.consumer import Consumer, Outcome, Stats
+    from onceq.effect import PythonEffect, Reject, Retry, SqlEffect
+    from onceq.flow import DirSource, Flow, RabbitSource
+    from onceq.flowfile import load_flows
+    from onceq.http_effect import HttpEffect, StatusMap
+    from onceq.ledger import Ledger
+    from onceq.memory import MemoryTransport
+    from onceq.message import MessageSpec
+    from onceq.runner import run, run_async
+    from onceq.transport import Delivery, Kind, Settle, decide
 
 
 def _version() -> str:
@@ -50,5 +120,12 @@ __version__ = _version()
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once: later lookups do not come back here
+        return value
     raise AttributeError(f"module 'onceq' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names too, though most are not imported yet (tab completion, dir())."""
+    return sorted({*globals(), *__all__})
