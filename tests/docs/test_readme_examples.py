@@ -17,6 +17,7 @@ import os
 import re
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 from doc_examples import DOCS, SKIPPED_SECTIONS, Example, examples
 
+from mq_support import queues
 from support import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -160,6 +162,74 @@ def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     assert "inbox=0 processing=0 error=2" in out["onceq dirq lag ./q 10"]
     assert (tmp_path / "processed.db").exists()
     assert (tmp_path / "lab" / "q" / "order-result.txt").exists()
+    _your_own_flow_did_what_the_readme_says(tmp_path, out, amqp_url)
+
+
+def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _dead(db: Path, flow: str) -> list[object]:
+    """The reasons of a flow's dead letters (quarantined files), sorted."""
+    sql = "SELECT reason FROM failures WHERE flow = ? AND action = 'dead' ORDER BY reason"
+    with sqlite3.connect(db) as conn:
+        return [r[0] for r in conn.execute(sql, (flow,))]
+
+
+def _your_own_flow_did_what_the_readme_says(
+    tmp_path: Path, out: dict[str, str], amqp_url: str
+) -> None:
+    """'Your own flow': the invoice example, three ways, each on both transports."""
+    new = [("INV 7/A",), ("INV-1",), ("INV-2",), ("INV-3",)]
+    # With flags, the directory queue: 4 processed, 1 duplicate, 3 quarantined.
+    inv = tmp_path / "inv"
+    assert sorted(p.name for p in (inv / "error").iterdir()) == [
+        "inv-005-negative.json",
+        "inv-006-busy.json",
+        "inv-008-no-id.json",
+    ]
+    assert len(list((inv / "done").iterdir())) == 5
+    assert _rows(inv / "ledger.db", "SELECT msg_id FROM messages WHERE flow = 'invoices'"
+                 " ORDER BY msg_id") == new  # fmt: skip
+    assert _rows(inv / "ledger.db", "SELECT json_extract(kept, '$.total') FROM messages"
+                 " WHERE msg_id = 'INV-1'") == [(120.5,)]  # fmt: skip
+    assert _dead(inv / "ledger.db", "invoices") == ["http-422", "http-503", "missing-field"]
+    consumed = next(v for k, v in out.items() if k.startswith("onceq dirq consume ./inv "))
+    assert "4 processed, 1 duplicates" in consumed and "3 quarantined" in consumed, consumed
+    # With flags, RabbitMQ: the partner had them all (409 = done, a partner duplicate);
+    # the re-sent copy a duplicate; the negative and the BUSY invoice dead.
+    db = tmp_path / "invoices.db"
+    assert _rows(db, "SELECT msg_id, partner_duplicate FROM messages ORDER BY msg_id") == [
+        (i, 1) for (i,) in new
+    ]
+    assert _dead(db, "invoices") == ["http-422", "http-503"]
+    consumed = next(v for k, v in out.items() if k.startswith("onceq mq consume --queue"))
+    assert "1 duplicates, 4 partner_duplicates" in consumed, consumed
+    # The flow file: two flows, one ledger, each its own dedup; the secret never shown.
+    db = tmp_path / "flows.db"
+    assert _rows(db, "SELECT msg_id FROM messages WHERE flow = 'invoices-files'"
+                 " ORDER BY msg_id") == new  # fmt: skip
+    assert _rows(db, "SELECT count(*) FROM messages WHERE flow = 'invoices-queue'") == [(0,)]
+    assert _dead(db, "invoices-files") == ["http-422", "http-503", "missing-field"]
+    assert _dead(db, "invoices-queue") == ["http-422", "http-503"]
+    assert not any("s3cr3t" in text for text in out.values())
+    # Python: one flow over both transports; the invoices table written once per invoice.
+    db = tmp_path / "py.db"
+    assert _rows(db, "SELECT id FROM invoices ORDER BY id") == new
+    assert _rows(db, "SELECT DISTINCT source FROM messages") == [("dirq",)]
+    assert _dead(db, "invoices") == sorted(
+        ["http-422", "http-503", "missing-field", "http-422", "http-503"]
+    )
+    assert out["python3 invoices_app.py ./inv3"].startswith(
+        "4 processed, 0 partner duplicates, 1 duplicates, 3 dead"
+    )
+    assert out["python3 invoices_app.py invoice.in"].startswith(
+        "0 processed, 0 partner duplicates, 4 duplicates, 2 dead"
+    )
+    # Every dead letter of the three RabbitMQ runs is in invoice.dead, none left behind.
+    depths = queues(amqp_url)
+    assert (depths["invoice.in"][0], depths["invoice.dead"][0]) == (0, 6), depths
 
 
 def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
