@@ -1,4 +1,4 @@
-"""Every command example in README.md and docs/mq.md runs as written, in order.
+"""Every command example in README.md, docs/mq.md and docs/api.md runs as written, in order.
 
 Each document's ```sh lines run one by one (rules: tests/docs/doc_examples.py) in a
 fresh folder, as a new user would type them after the Quick start: `onceq` and
@@ -239,3 +239,20 @@ def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     stats = stats.get("stats", stats)
     # The page's claim: 6 processed, 1 duplicate, the no-docs and the BUSY claim dead.
     assert (stats["processed"], stats["duplicates"], stats["dead"]) == (6, 1, 2), stats
+
+
+def test_api_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
+    """docs/api.md: the invoice flow's own test passes, and the runs book each invoice once."""
+    ran = run_examples("docs/api.md", tmp_path, amqp_url)
+    out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
+    assert "1 passed" in out["python3 -m pytest -q test_invoices_flow.py"]
+    assert out["python3 invoices_flow.py ./inv"].startswith("4 processed, 1 duplicates, 3 dead")
+    new = [("INV 7/A",), ("INV-1",), ("INV-2",), ("INV-3",)]
+    db = tmp_path / "ledger.db"
+    assert _rows(db, "SELECT id FROM invoices ORDER BY id") == new
+    assert _dead(db, "invoices") == ["missing-field", "rejected", "retry"]
+    # The flow file: the same functions, its own ledger; the partner answered 409 to the
+    # 4 it had, which `post` takes as done.
+    ran_file = out["onceq run invoices.toml --until-empty"]
+    assert "4 processed, 1 duplicates" in ran_file and "3 quarantined" in ran_file, ran_file
+    assert _rows(tmp_path / "flows.db", "SELECT id FROM invoices ORDER BY id") == new
