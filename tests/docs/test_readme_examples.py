@@ -239,6 +239,8 @@ def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     stats = stats.get("stats", stats)
     # The page's claim: 6 processed, 1 duplicate, the no-docs and the BUSY claim dead.
     assert (stats["processed"], stats["duplicates"], stats["dead"]) == (6, 1, 2), stats
+    invoices = next(s for ex, s in ran if ex.command.startswith("onceq mq consume --queue"))
+    assert "1 received, 1 processed" in invoices, invoices
 
 
 def test_api_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
