@@ -345,7 +345,8 @@ def _consume_flow(
         flow.name = flags.get("flow_name") or flow.name
         return flow.validate()
     if not flags.get("http_url"):
-        raise UsageError("give --claim URL (the claims preset) or --url URL (your own flow)")
+        # click's UsageError: a missing option is told like click's own ("see --help").
+        raise click.UsageError("give --claim URL (the claims preset) or --url URL (your own flow)")
     from onceq.amqp.topology import QUEUE
 
     source = RabbitSource(queue or QUEUE, url=url, prefetch=prefetch)
