@@ -47,8 +47,9 @@ _AFTER_SCHEME = r"(?:[A-Za-z][A-Za-z0-9+.\-]*:/+|//)[^\s:/]*:"
 # Bare userinfo at the start of a token (`a:b@h`, `EAI_AMQP_URL=a:b@h`, `'a:b@h'`):
 # without a URL-ish head a space ends it, else every "word: text@x" would be masked.
 _BARE = r"(?:^|(?<=[\s'\"=(<\[,/]))[^\s:/'\"=]+:"
-# `(?!/)`: `amqp://alice@h` has a scheme, not a password, before its `@`.
-_USERINFO = re.compile(rf"(?P<a>{_AFTER_SCHEME})[^\n]*@|(?P<b>{_BARE})(?!/)\S*@", re.MULTILINE)
+# `(?!//)`: `amqp://alice@h` has a scheme, not a password, before its `@`; after a
+# single slash (`oh35:/@pw@h`) the colon may be the userinfo's, so it is masked.
+_USERINFO = re.compile(rf"(?P<a>{_AFTER_SCHEME})[^\n]*@|(?P<b>{_BARE})(?!//)\S*@", re.MULTILINE)
 
 _remembered: set[str] = set()
 
@@ -178,8 +179,10 @@ def _userinfo_span(value: str) -> tuple[int, int, int] | None:
         colon = head.find(":", start)
         if colon < 0:
             continue
-        if head[colon + 1 : colon + 2] == "/" and start == 0 and scheme is not None:
+        if head[colon + 1 : colon + 3] == "//" and start == 0 and scheme is not None:
             continue  # the scheme's colon of `amqp://…`: not a password's
+        # With one slash (`oh35:/@pw@h`: the user typed as a scheme, a password that
+        # starts with '/'), the colon may be the userinfo's: masked, more rather than less.
         return start, colon, at
     return None
 
