@@ -338,6 +338,7 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: _Mistakes) -> Flow | None
         }
         if queue:
             source = RabbitSource(queue, url=url, prefetch=prefetch, **names)
+            _check_names(m, where, source)
     elif kind is not None:
         m.add(f"{where}.source", f'must be "dirq" or "rabbitmq", not {kind!r}')
     spec = _spec(t, m, where)
@@ -497,3 +498,13 @@ def _amqp_url(url: str) -> None:
     from onceq.amqp.url import check_url
 
     check_url(url, "", ("amqp", "amqps"), "a broker's port")
+
+
+def _check_names(m: _Mistakes, where: str, source: Any) -> None:
+    """The RabbitMQ names a flow declares (`mq topology --flows`), checked as the CLI's
+    options are, each mistake named by its key: found by `check`, not by the broker."""
+    from onceq.amqp.topology import Topology
+
+    for line in Topology.for_source(source).problems(lambda f: f"{where}.{f}"):
+        key, _, why = line.partition(": ")
+        m.add(key, why)

@@ -10,6 +10,7 @@ import click
 
 from onceq.cli.flow_options import flow_options
 from onceq.cli.output import console, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.errors import UsageError
 
 JSON_HELP = "Print the outcome as JSON."
 # asyncio is imported inside the commands: every `onceq` command loads this module to
@@ -72,6 +73,13 @@ def mq() -> None:
     metavar="D",
     help="Bound to X with key D; holds the dead letters (default STEM.dead).",
 )
+@click.option(
+    "--flows",
+    "flow_file",
+    metavar="FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Declare the names of every rabbitmq flow of this flow file instead.",
+)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def topology(
     queue: str | None,
@@ -79,6 +87,7 @@ def topology(
     routing_key: str | None,
     dead_letter_exchange: str | None,
     dead_letter_queue: str | None,
+    flow_file: Path | None,
     as_json: bool,
 ) -> None:
     """Declare a flow's exchange, queue, dead-letter exchange and dead-letter queue.
@@ -90,6 +99,11 @@ def topology(
     dead-letter key); each option overrides its one name. Without --queue the
     other options override the claims names.
 
+    --flows FILE declares, for every rabbitmq flow of the flow file, the names
+    its keys give (queue, exchange, routing_key, dead_letter_exchange,
+    dead_letter_queue; the same stem rule), in the broker of the flow's url
+    (default EAI_AMQP_URL). The file is checked first, whole (as `onceq check`).
+
     Idempotent: a second run changes nothing. When the broker already holds one
     of them with other attributes it exits 4 naming the object, and creates
     nothing. A name that cannot be used (empty, over 255 bytes, starting with
@@ -99,26 +113,58 @@ def topology(
     Example:
       EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
       onceq mq topology --queue invoice.in
+      onceq mq topology --flows flows.toml
     """
     import asyncio
 
     from onceq.amqp.topology import Topology, declare
     from onceq.amqp.url import vhost_of
 
-    names = Topology.from_options(
-        queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue
-    ).check()
-    url = _url()
-    result = asyncio.run(declare(url, names))
+    if flow_file is not None:
+        given = (queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue)
+        if any(v is not None for v in given):
+            raise UsageError("--flows: the names come from the flow file; give no --queue etc.")
+        brokers = _flow_topologies(flow_file)
+    else:
+        names = Topology.from_options(
+            queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue
+        ).check()
+        brokers = {_url(): [names]}
+    done = [(url, asyncio.run(declare(url, *names))) for url, names in brokers.items()]
     if as_json:
-        emit_json({"vhost": vhost_of(url), "objects": result})
+        docs = [{"vhost": vhost_of(url), "objects": result} for url, result in done]
+        # One broker (the usual case): the one shape every caller reads; several: a list.
+        emit_json(docs[0] if len(docs) == 1 else docs)
         return
-    created = [k for k, v in result.items() if v == "created"]
-    console().print(
-        f"topology ready in vhost {vhost_of(url)!r}: {len(result)} objects,"
-        f" {len(created)} created{': ' + ', '.join(created) if created else ''}",
-        markup=False,  # a vhost name is printed as it is, brackets and all
-    )
+    for url, result in done:
+        created = [k for k, v in result.items() if v == "created"]
+        console().print(
+            f"topology ready in vhost {vhost_of(url)!r}: {len(result)} objects,"
+            f" {len(created)} created{': ' + ', '.join(created) if created else ''}",
+            markup=False,  # a vhost name is printed as it is, brackets and all
+        )
+
+
+def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
+    """{broker URL: the Topology of each rabbitmq flow there}, in the file's order.
+
+    A flow without `url` uses EAI_AMQP_URL (the default broker), as `onceq run` does.
+    """
+    from onceq.amqp.topology import Topology
+    from onceq.amqp.url import amqp_url, setup_logging
+    from onceq.cli.run import load_or_exit
+    from onceq.flow import RabbitSource
+
+    ff = load_or_exit(flow_file, ())
+    setup_logging()
+    brokers: dict[str, list[Any]] = {}
+    for flow in ff.flows:
+        if isinstance(flow.source, RabbitSource):
+            url = amqp_url(flow.source.url)
+            brokers.setdefault(url, []).append(Topology.for_source(flow.source))
+    if not brokers:
+        raise UsageError(f"{flow_file}: no rabbitmq flow: nothing to declare")
+    return brokers
 
 
 @mq.command()
@@ -171,7 +217,6 @@ def publish(
 
     from onceq.amqp.publisher import check_target, load_messages
     from onceq.amqp.publisher import publish as do_publish
-    from onceq.errors import UsageError
 
     if not id_field or any(not part for part in id_field.split(".")):
         raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path")
@@ -332,7 +377,6 @@ def _consume_flow(
 ) -> Any:
     """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
     from onceq.cli.flow_options import build_flow, is_generic
-    from onceq.errors import UsageError
     from onceq.flow import RabbitSource, claims_flow
 
     if claim_url is not None:
@@ -407,7 +451,6 @@ def status(
     from onceq.amqp.status import status as read_status
     from onceq.amqp.topology import Topology, name_problem
     from onceq.amqp.url import vhost_of
-    from onceq.errors import UsageError
 
     names = Topology.from_options(queue, dead_letter_queue=dead_letter_queue)
     for option, value in (

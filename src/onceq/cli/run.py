@@ -15,7 +15,7 @@ from onceq.cli.output import emit_json, fail, note_new_ledger, print_run_summary
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
 
-def _load(file: Path, names: tuple[str, ...]) -> Any:
+def load_or_exit(file: Path, names: tuple[str, ...]) -> Any:
     """The checked flow file, or every mistake on stderr (one line each) and exit 2."""
     from onceq.flowfile import FlowFileError, load_flows
 
@@ -40,7 +40,7 @@ def check(file: Path, as_json: bool) -> None:
     Example:
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
-    ff = _load(file, ())
+    ff = load_or_exit(file, ())
     rows = [
         {"name": f.name, "source": f.kind, "effect": _effect_word(f), "sql": f.sql is not None}
         for f in ff.flows
@@ -112,7 +112,7 @@ def run(
 
     from onceq.runner import run_flows
 
-    ff = _load(file, names)
+    ff = load_or_exit(file, names)
     report = asyncio.run(
         run_flows(ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds)
     )
