@@ -1,0 +1,52 @@
+"""`onceq mq consume --queue invoice.in --url …`: a user's own flow from flags, as the
+README's invoice example runs it. Every line it prints names the user's queue, never
+the claims preset's claim.in. Real broker, real partner stub, real processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mq_support import cli, partner, queues
+from test_mq_flow_names import declare_invoice, invoice, invoices
+
+pytestmark = pytest.mark.broker
+
+OWN = ("--queue", "invoice.in", "--id-field", "invoiceId")
+
+
+def publish_invoices(url: str, folder: Path, n: int) -> None:
+    files = invoices(folder, [invoice(i) for i in range(n)])
+    r = cli(url, "mq", "publish", *map(str, files), "--exchange", "invoice",
+            "--routing-key", "invoice", "--id-field", "invoiceId")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_summary_names_the_flows_queue(amqp_url: str, tmp_path: Path) -> None:
+    declare_invoice(amqp_url)
+    publish_invoices(amqp_url, tmp_path / "inv", 3)
+    with partner(kind="invoices") as p:
+        r = cli(amqp_url, "mq", "consume", *OWN, "--url", f"{p.url}/api/invoices",
+                "--until-empty", "--db", str(tmp_path / "l.db"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "3 processed" in r.stdout and "; invoice.in drained" in r.stdout, r.stdout
+    assert "claim" not in r.stdout + r.stderr
+    assert queues(amqp_url)["invoice.in"] == (0, 0)
+
+
+def test_an_unfinished_batch_names_the_flows_queue(amqp_url: str, tmp_path: Path) -> None:
+    """The deadline comes first (a partner that answers after 3 s): exit 1, and the
+    line says where the rest waits — invoice.in, where it really is."""
+    declare_invoice(amqp_url)
+    publish_invoices(amqp_url, tmp_path / "inv", 2)
+    with partner(delay=3.0, kind="invoices") as p:
+        r = cli(amqp_url, "mq", "consume", *OWN, "--url", f"{p.url}/api/invoices", "--json",
+                "--until-empty", "--max-seconds", "0.5", "--db", str(tmp_path / "l.db"))  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        "onceq: invoice.in not drained within --max-seconds 0.5; the rest waits there"
+    ), r.stderr
+    assert json.loads(r.stdout)["drained"] is False
+    assert "claim" not in r.stderr
