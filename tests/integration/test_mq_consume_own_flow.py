@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from test_mq_flow_names import declare_invoice, invoice, invoices
 
 from mq_support import cli, partner, queues
-from test_mq_flow_names import declare_invoice, invoice, invoices
 
 pytestmark = pytest.mark.broker
 
@@ -43,7 +43,8 @@ def test_an_unfinished_batch_names_the_flows_queue(amqp_url: str, tmp_path: Path
     publish_invoices(amqp_url, tmp_path / "inv", 2)
     with partner(delay=3.0, kind="invoices") as p:
         r = cli(amqp_url, "mq", "consume", *OWN, "--url", f"{p.url}/api/invoices", "--json",
-                "--until-empty", "--max-seconds", "0.5", "--db", str(tmp_path / "l.db"))  # fmt: skip
+                "--until-empty", "--max-seconds", "0.5",
+                "--db", str(tmp_path / "l.db"))  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert r.stderr.splitlines()[-1] == (
         "onceq: invoice.in not drained within --max-seconds 0.5; the rest waits there"
