@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceq.errors import UsageError
+from onceq.redact import remember_secret
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -407,6 +408,9 @@ def _http(t: dict[str, Any], m: _Mistakes, where: str) -> Any:
     for hk, hv in headers.items():
         if not isinstance(hv, str):
             m.add(f"{where}.headers.{hk}", f"must be text, not {_toml_type(hv)}")
+        else:
+            # A secret (its ${ENV} already in it): masked in all later output and logs.
+            remember_secret(hv)
     lists: dict[str, Any] = {}
     for role in STATUS_KEYS:
         value = _get(t, role, list, m, where)

@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
 from onceq.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
+from onceq.redact import MIN_REMEMBERED, secret_shapes
 from onceq.transport import Delivery, Kind
 
 SUCCESS, DUPLICATE, REJECT, TRANSIENT = "success", "duplicate", "reject", "transient"
@@ -177,7 +178,11 @@ class HttpEffect:
             raise UsageError(f"idempotency header {idempotency_header!r}: not a header name")
         self.idempotency_header = idempotency_header
         given = {v for v in (headers or {}).values() if v}
-        self._secrets = tuple(sorted(given, key=len, reverse=True))  # longest first
+        # Each value as given, and in every shape a partner may echo it (JSON-escaped,
+        # percent-encoded, the token of `Bearer T` alone) when long enough to be told
+        # from ordinary text.
+        shapes = given | {s for v in given for s in secret_shapes(v) if len(s) >= MIN_REMEMBERED}
+        self._secrets = tuple(sorted(shapes, key=len, reverse=True))  # longest first
         self._headers = base
         self._session: Any = None  # made on first use: aiohttp binds it to the running loop
         self._static: Any = None  # the parsed URL when it has no placeholder

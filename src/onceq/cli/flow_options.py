@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from onceq.errors import UsageError
+from onceq.redact import remember_secret
 
 ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The flags that make a run generic (not the preset); --flow only names it.
@@ -161,6 +162,9 @@ def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
             return os.environ[match[1]]
 
         out[name] = ENV.sub(env, value.strip())
+        # A secret from here on: masked in every line this process prints or logs,
+        # whatever echoes it (a partner's error body, an exception, a traceback).
+        remember_secret(out[name])
     return out
 
 
