@@ -389,7 +389,10 @@ def _consume_flow(
         flow.name = flags.get("flow_name") or flow.name
         return flow.validate()
     if not flags.get("http_url"):
-        raise UsageError("give --claim URL (the claims preset) or --url URL (your own flow)")
+        raise UsageError(
+            "onceq mq consume: give --claim URL (the claims preset) or --url URL (your own"
+            " flow) (see --help)"
+        )
     from onceq.amqp.topology import QUEUE
 
     source = RabbitSource(queue or QUEUE, url=url, prefetch=prefetch)
