@@ -9,8 +9,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.mq import Seconds
-from onceq.cli.output import emit_json, fail, note_new_ledger, print_run_summary
+from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
