@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
 from onceq.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
+from onceq.message import _PATH as _PATH_TEXT
 from onceq.redact import MIN_REMEMBERED, secret_shapes
 from onceq.transport import Delivery, Kind
 
@@ -82,6 +83,9 @@ class StatusMap:
                 if other != role:
                     raise UsageError(f"{role}: {item} is also in {other}")
             object.__setattr__(self, role, parsed)
+        if not self.success:
+            # No status would count as done: every message would be retried, then dead.
+            raise UsageError("success: an empty list (no status would mean done)")
         table = [TRANSIENT] * 600
         for exact in (False, True):  # classes first, exact codes over them
             for item, role in seen.items():
@@ -154,13 +158,21 @@ class HttpEffect:
         if not re.fullmatch(r"[A-Z]+", self.method):
             raise UsageError(f"method: {method!r} is not an HTTP method")
         names = _PLACEHOLDER.findall(url)
-        self._fields = [(n, _split(n, "URL placeholder")) for n in names]
+        try:
+            self._fields = [(n, _split(n, "URL placeholder")) for n in names]
+        except UsageError:
+            bad = next(n for n in names if not _PATH_TEXT.fullmatch(n))
+            raise UsageError(f"url {shown(url)}: {{{bad}}} is not a field (a.b.c)") from None
         # Checked with each placeholder as a plain letter; a placeholder in the host or
         # port is refused: it would be a partner that only some messages can reach.
         check_url(_PLACEHOLDER.sub("x", url), "url ", ("http", "https"), "a partner's port")
         if names and "{" in urlsplit(url).netloc:
             raise UsageError(f"url {shown(url)}: a {{field}} may stand in the path or query only")
         self._parts = _PLACEHOLDER.split(url)  # literal, name, literal, name, ... literal
+        if any(c in part for part in self._parts[::2] for c in "{}"):
+            # `/api/{invoiceId` (a typo): sent as it is, every call would miss the
+            # partner's route and dead-letter the queue; a literal brace is %7B/%7D.
+            raise UsageError(f"url {shown(url)}: a '{{' or '}}' that is not a {{field}}")
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise UsageError(f"timeout: {timeout!r} is not a positive number of seconds")
         self.timeout = float(timeout)
