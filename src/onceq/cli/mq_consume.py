@@ -25,6 +25,7 @@ def cli_url() -> str:
 @click.option(
     "--claim",
     "claim_url",
+    metavar="URL",
     help="Claim system base URL: the exercise's claims preset (claim.in, POST"
     " CLAIM/v1/claims, 201 only).",
 )
@@ -95,12 +96,12 @@ def consume(
 
     Signals: this consumer runs until it is stopped, so a stop is its normal end:
     SIGTERM, SIGINT or --max-seconds take nothing more, finish the in-flight
-    claims, print the summary and exit 0. A second signal stops at once (exit 130;
-    the in-flight claims return to claim.in). On a terminal a status line on
-    stderr shows the progress; piped, nothing.
+    messages, print the summary and exit 0. A second signal stops at once (exit
+    130; the in-flight messages return to the queue). On a terminal a status line
+    on stderr shows the progress; piped, nothing.
 
-    --until-empty makes it a batch: it stops once claim.in has nothing ready and
-    every delivery it took is settled (retries included), and exits 0. Like
+    --until-empty makes it a batch: it stops once the queue (claim.in, or --queue)
+    has nothing ready and every delivery it took is settled (retries included), and exits 0. Like
     every batch that is to finish a queue (dirq consume), it exits 130 (SIGINT) /
     143 (SIGTERM) when a signal stops it first, and 1 when --max-seconds runs out
     first, so that a script knows it did not finish.
