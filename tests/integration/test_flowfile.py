@@ -152,3 +152,22 @@ def test_a_refused_rabbitmq_flow_leaves_the_queue_as_it_was(amqp_url: str, tmp_p
 def test_top_level_mistakes(tmp_path: Path, bad: str) -> None:
     lines = _refused(tmp_path, bad)
     assert lines == [f"onceq: {tmp_path / 'flows.toml'}: line 1: ledger: must be a path (text)"]
+
+
+def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -> None:
+    """`onceq check --help` shows a flow file: copied as printed, it checks OK (with its
+    ${ENV} set), and without the variable it is refused naming the header's key."""
+    import textwrap
+
+    r = run_cli("check", "--help")
+    example = r.stdout.split("Example (flows.toml):\n", 1)[1].split("\n\n", 1)[0]
+    (tmp_path / "flows.toml").write_text(textwrap.dedent(example) + "\n")
+    ok = run_cli("check", str(tmp_path / "flows.toml"), env={"INVOICE_API_KEY": "k3y-VALUE"})
+    assert ok.returncode == 0, ok.stderr
+    assert "flow invoices: dirq -> POST http://127.0.0.1:9300/api/invoices" in ok.stdout
+    assert "k3y-VALUE" not in ok.stdout + ok.stderr
+    unset = run_cli("check", str(tmp_path / "flows.toml"))
+    assert unset.returncode == 2
+    assert "flows.invoices.http.headers.X-Api-Key: environment variable INVOICE_API_KEY" in (
+        unset.stderr
+    )

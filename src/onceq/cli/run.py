@@ -34,9 +34,24 @@ def check(file: Path, as_json: bool) -> None:
 
     Reads FILE, resolves each ${ENV} and imports each function it names, and
     checks every key; it opens no ledger, queue folder or broker connection.
+    A flow file holds one ledger and one [flows.NAME] table per flow: a source
+    (dirq: path; rabbitmq: queue, url, exchange, …), the message (id_field,
+    required, group_field, seq_field, keep) and an effect ([flows.NAME.http],
+    [flows.NAME.python] function = "module:func", [flows.NAME.sql]).
 
     \b
-    Example:
+    Example (flows.toml):
+      ledger = "ledger.db"
+      [flows.invoices]
+      source = "dirq"
+      path = "inv"
+      id_field = "invoiceId"
+      keep = ["customer", "total"]
+      [flows.invoices.http]
+      url = "http://127.0.0.1:9300/api/invoices"
+      headers = { X-Api-Key = "${INVOICE_API_KEY}" }
+
+    \b
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
     ff = load_or_exit(file, ())
