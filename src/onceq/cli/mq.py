@@ -196,9 +196,12 @@ def publish(
 
     from onceq.amqp.publisher import check_target, load_messages
     from onceq.amqp.publisher import publish as do_publish
+    from onceq.message import _split
 
-    if not id_field or any(not part for part in id_field.split(".")):
-        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path")
+    try:
+        _split(id_field, "id_field")  # the consumer's rule for a path, so both sides agree
+    except UsageError:
+        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path") from None
     check_target(exchange, routing_key)
     url = cli_url()
     messages = load_messages(list(files), id_field)
