@@ -113,10 +113,12 @@ def _why(exc: ValueError) -> str:
     characters" the whole userinfo — in a mistyped URL, pieces of the password.
     """
     text = str(exc)
+    if text in ("Port out of range 0-65535", "Invalid IPv6 URL"):
+        return text  # quotes nothing: the parser's own words, as a reader may search them
     if "backslash" in text:
         return "a backslash before the host: write it %5C in a password"
     if "port" in text.lower():
-        return "the port is not a number in 0-65535"
+        return "the port is not a number"
     if "IPv" in text or "bracket" in text:
         return "brackets that do not hold an IPv6 address"
     return "its host or user part has characters a URL cannot hold"
