@@ -148,3 +148,17 @@ def test_a_traceback_that_quotes_a_header_value_is_masked(
     assert "RuntimeError" in err
     for piece in PIECES:
         assert piece not in out + err, out + err
+
+
+def test_check_masks_a_short_password_in_the_partners_url(tmp_path: Path) -> None:
+    """stdout masks only remembered passwords of 4+ characters; `check` prints the
+    effect's URL, so it masks it where it formats it (`http://bob:pw@…`)."""
+    flows = tmp_path / "flows.toml"
+    flows.write_text(
+        'ledger = "l.db"\n[flows.a]\nsource = "dirq"\npath = "q"\n'
+        '[flows.a.http]\nurl = "http://bob:pw@127.0.0.1:9300/api"\n'
+    )
+    for extra in ([], ["--json"]):
+        r = run_cli("check", str(flows), *extra)
+        assert r.returncode == 0, r.stderr
+        assert "http://bob:***@127.0.0.1:9300/api" in r.stdout and ":pw@" not in r.stdout

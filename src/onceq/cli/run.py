@@ -74,7 +74,11 @@ def _effect_word(flow: Any) -> str:
     if flow.effect is None:
         return "ledger row"
     if isinstance(flow.effect, HttpEffect):
-        return f"{flow.effect.method} {flow.effect.url}"
+        from onceq.redact import redact_url
+
+        # stdout masks only remembered passwords (4+ characters): a URL onceq prints
+        # is masked where it is formatted, so `http://bob:pw@…` shows no `pw` either.
+        return f"{flow.effect.method} {redact_url(flow.effect.url)}"
     return "python"
 
 
