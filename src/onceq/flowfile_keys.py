@@ -87,7 +87,7 @@ class Mistakes:
     def line_of(self, key: str) -> int | None:
         """The line of `a.b.c`: its `[a.b]` table's `c =` line, else the table's header."""
         parts = key.split(".")
-        for cut in range(len(parts) - 1, -1, -1):
+        for cut in range(len(parts), -1, -1):  # the key itself may be a table
             table, rest = parts[:cut], parts[cut:]
             start = self._table_line(table)
             if start is None:

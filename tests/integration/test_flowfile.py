@@ -171,3 +171,17 @@ def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -
     assert "flows.invoices.http.headers.X-Api-Key: environment variable INVOICE_API_KEY" in (
         unset.stderr
     )
+
+
+def test_a_bad_flow_name_is_named_with_its_tables_line(tmp_path: Path) -> None:
+    """`[flows."bad name"]`: the mistake is about the table itself, so its line is the
+    table's header (it had none: the lookup only tried the key's parents)."""
+    (tmp_path / "f.toml").write_text(
+        'ledger = "l.db"\n\n[flows."bad name"]\nsource = "dirq"\npath = "q"\n'
+    )
+    r = run_cli("check", str(tmp_path / "f.toml"))
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"onceq: {tmp_path / 'f.toml'}: line 3: flows.bad name: a flow name is 1-64 of"
+        " A-Z a-z 0-9 _ . - (starting with a letter or digit)\n"
+    )
