@@ -24,6 +24,7 @@ header value replaced by *** before it is cut, whatever a library echoed.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -173,7 +174,9 @@ class HttpEffect:
             # `/api/{invoiceId` (a typo): sent as it is, every call would miss the
             # partner's route and dead-letter the queue; a literal brace is %7B/%7D.
             raise UsageError(f"url {shown(url)}: a '{{' or '}}' that is not a {{field}}")
-        if not isinstance(timeout, int | float) or not timeout > 0:
+        # inf passed here and failed each call (aiohttp: OverflowError), so every
+        # message was quarantined as internal-error; nan is never > 0.
+        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise UsageError(f"timeout: {timeout!r} is not a positive number of seconds")
         self.timeout = float(timeout)
         self.concurrency = max(int(concurrency), 1)

@@ -35,6 +35,7 @@ URL = "http://127.0.0.1:9/api/invoices"
         (["--id-field", "a..b"], "onceq: --id-field 'a..b': not a field path (a.b.c)"),
         (["--id-field", "x", "--keep", "a..b"], "onceq: --keep 'a..b': not a field path"),
         (["--flow", "bad name"], "onceq: flow 'bad name': a flow name is 1-64 of"),
+        (["--url", URL, "--timeout", "inf"], "onceq: --timeout: inf is not a positive number"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
