@@ -14,28 +14,6 @@ from typing import Any
 from onceq.errors import UsageError
 
 TOP_KEYS = {"ledger", "flows"}
-FLOW_KEYS = {
-    "source",
-    "path",
-    "workers",
-    "url",
-    "queue",
-    "exchange",
-    "routing_key",
-    "dead_letter_exchange",
-    "dead_letter_queue",
-    "prefetch",
-    "id_field",
-    "id_property",
-    "required",
-    "group_field",
-    "seq_field",
-    "keep",
-    "max_bytes",
-    "http",
-    "python",
-    "sql",
-}
 DIRQ_ONLY = {"path", "workers"}
 RABBIT_ONLY = {
     "url",
@@ -47,6 +25,23 @@ RABBIT_ONLY = {
     "prefetch",
     "id_property",
 }
+# Every key of a [flows.NAME] table: its source's, the message spec's, its effects'.
+FLOW_KEYS = (
+    DIRQ_ONLY
+    | RABBIT_ONLY
+    | {
+        "source",
+        "id_field",
+        "required",
+        "group_field",
+        "seq_field",
+        "keep",
+        "max_bytes",
+        "http",
+        "python",
+        "sql",
+    }
+)
 HTTP_KEYS = {
     "url",
     "method",
