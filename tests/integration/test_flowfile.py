@@ -166,6 +166,8 @@ def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -
     assert ok.returncode == 0, ok.stderr
     assert "flow invoices: dirq -> POST http://127.0.0.1:9300/api/invoices" in ok.stdout
     assert "k3y-VALUE" not in ok.stdout + ok.stderr
+    # and `onceq run --help` sends a newcomer there
+    assert "`onceq check --help` shows one" in " ".join(run_cli("run", "--help").stdout.split())
     unset = run_cli("check", str(tmp_path / "flows.toml"))
     assert unset.returncode == 2
     assert "flows.invoices.http.headers.X-Api-Key: environment variable INVOICE_API_KEY" in (

@@ -107,6 +107,8 @@ def run(
 ) -> None:
     """Run the flows of a flow file in one process, into the file's one ledger.
 
+    FILE is TOML: one ledger, one [flows.NAME] table per flow (`onceq check
+    --help` shows one).
     The file is checked first, whole: any mistake is one line each, exit 2, and
     nothing is consumed. Then every source is checked (queue folder, broker
     queue) before the ledger is opened. A directory queue is looked at every
