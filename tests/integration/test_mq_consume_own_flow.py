@@ -63,3 +63,15 @@ def test_the_help_speaks_of_any_queue_not_only_claim_in() -> None:
     assert "--claim URL" in text
     assert "the in-flight messages return to the queue" in text
     assert "return to claim.in" not in text and "once claim.in has" not in text
+
+
+def test_a_queue_not_declared_yet_says_how_to_declare_it(amqp_url: str, tmp_path: Path) -> None:
+    """A newcomer's first run, before `mq topology`: exit 3, one line that names the
+    queue and the command that declares it; nothing created, no ledger."""
+    r = cli(amqp_url, "mq", "consume", *OWN, "--url", "http://127.0.0.1:9/api/invoices",
+            "--until-empty", "--db", str(tmp_path / "l.db"))  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith("onceq: queue invoice.in: not found in vhost"), line
+    assert line.endswith("; declare it first: onceq mq topology --queue invoice.in"), line
+    assert not (tmp_path / "l.db").exists() and "invoice.in" not in queues(amqp_url)
