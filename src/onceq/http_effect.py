@@ -24,6 +24,7 @@ header value replaced by *** before it is cut, whatever a library echoed.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from urllib.parse import quote, urlsplit
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
 from onceq.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
+from onceq.message import _PATH as _PATH_TEXT
+from onceq.redact import MIN_REMEMBERED, secret_shapes
 from onceq.transport import Delivery, Kind
 
 SUCCESS, DUPLICATE, REJECT, TRANSIENT = "success", "duplicate", "reject", "transient"
@@ -81,6 +84,9 @@ class StatusMap:
                 if other != role:
                     raise UsageError(f"{role}: {item} is also in {other}")
             object.__setattr__(self, role, parsed)
+        if not self.success:
+            # No status would count as done: every message would be retried, then dead.
+            raise UsageError("success: an empty list (no status would mean done)")
         table = [TRANSIENT] * 600
         for exact in (False, True):  # classes first, exact codes over them
             for item, role in seen.items():
@@ -153,14 +159,24 @@ class HttpEffect:
         if not re.fullmatch(r"[A-Z]+", self.method):
             raise UsageError(f"method: {method!r} is not an HTTP method")
         names = _PLACEHOLDER.findall(url)
-        self._fields = [(n, _split(n, "URL placeholder")) for n in names]
+        try:
+            self._fields = [(n, _split(n, "URL placeholder")) for n in names]
+        except UsageError:
+            bad = next(n for n in names if not _PATH_TEXT.fullmatch(n))
+            raise UsageError(f"url {shown(url)}: {{{bad}}} is not a field (a.b.c)") from None
         # Checked with each placeholder as a plain letter; a placeholder in the host or
         # port is refused: it would be a partner that only some messages can reach.
         check_url(_PLACEHOLDER.sub("x", url), "url ", ("http", "https"), "a partner's port")
         if names and "{" in urlsplit(url).netloc:
             raise UsageError(f"url {shown(url)}: a {{field}} may stand in the path or query only")
         self._parts = _PLACEHOLDER.split(url)  # literal, name, literal, name, ... literal
-        if not isinstance(timeout, int | float) or not timeout > 0:
+        if any(c in part for part in self._parts[::2] for c in "{}"):
+            # `/api/{invoiceId` (a typo): sent as it is, every call would miss the
+            # partner's route and dead-letter the queue; a literal brace is %7B/%7D.
+            raise UsageError(f"url {shown(url)}: a '{{' or '}}' that is not a {{field}}")
+        # inf passed here and failed each call (aiohttp: OverflowError), so every
+        # message was quarantined as internal-error; nan is never > 0.
+        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise UsageError(f"timeout: {timeout!r} is not a positive number of seconds")
         self.timeout = float(timeout)
         self.concurrency = max(int(concurrency), 1)
@@ -177,7 +193,11 @@ class HttpEffect:
             raise UsageError(f"idempotency header {idempotency_header!r}: not a header name")
         self.idempotency_header = idempotency_header
         given = {v for v in (headers or {}).values() if v}
-        self._secrets = tuple(sorted(given, key=len, reverse=True))  # longest first
+        # Each value as given, and in every shape a partner may echo it (JSON-escaped,
+        # percent-encoded, the token of `Bearer T` alone) when long enough to be told
+        # from ordinary text.
+        shapes = given | {s for v in given for s in secret_shapes(v) if len(s) >= MIN_REMEMBERED}
+        self._secrets = tuple(sorted(shapes, key=len, reverse=True))  # longest first
         self._headers = base
         self._session: Any = None  # made on first use: aiohttp binds it to the running loop
         self._static: Any = None  # the parsed URL when it has no placeholder

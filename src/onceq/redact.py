@@ -47,8 +47,9 @@ _AFTER_SCHEME = r"(?:[A-Za-z][A-Za-z0-9+.\-]*:/+|//)[^\s:/]*:"
 # Bare userinfo at the start of a token (`a:b@h`, `EAI_AMQP_URL=a:b@h`, `'a:b@h'`):
 # without a URL-ish head a space ends it, else every "word: text@x" would be masked.
 _BARE = r"(?:^|(?<=[\s'\"=(<\[,/]))[^\s:/'\"=]+:"
-# `(?!/)`: `amqp://alice@h` has a scheme, not a password, before its `@`.
-_USERINFO = re.compile(rf"(?P<a>{_AFTER_SCHEME})[^\n]*@|(?P<b>{_BARE})(?!/)\S*@", re.MULTILINE)
+# `(?!//)`: `amqp://alice@h` has a scheme, not a password, before its `@`; after a
+# single slash (`oh35:/@pw@h`) the colon may be the userinfo's, so it is masked.
+_USERINFO = re.compile(rf"(?P<a>{_AFTER_SCHEME})[^\n]*@|(?P<b>{_BARE})(?!//)\S*@", re.MULTILINE)
 
 _remembered: set[str] = set()
 
@@ -81,24 +82,54 @@ def remember(url: str) -> None:
     password is (parsed, by pattern) is kept: a mistyped URL is read differently by
     each library that echoes it.
     """
-    import json  # here, not at the top: `onceq dirq lag` must start fast
-
     for user, secret in _passwords(url):
         # A password equal to its user name is printed anyway as the user name (which
         # is kept): replacing it would only garble `guest:***@` into `***:***@`.
         if secret == user or len(secret) < MIN_REMEMBERED:
             continue
-        for shape in (
-            secret,
-            unquote(secret),
-            quote(secret, safe=""),
-            quote(secret, safe="!$&'()*+,;=:"),  # userinfo as a URL library writes it
-            json.dumps(secret)[1:-1],
-            json.dumps(secret, ensure_ascii=False)[1:-1],
-            repr(secret)[1:-1],
-        ):
-            if len(shape) >= MIN_REMEMBERED:
-                _remembered.add(shape)
+        remember_secret(secret)
+
+
+def remember_secret(secret: str) -> None:
+    """Mask `secret` (a header value: a bearer token, an API key) in all later output.
+
+    The CLI calls it for every header value it is given (flags, flow files, `${ENV}`),
+    before anything can echo it: a partner that quotes the header in its error body,
+    a library's exception, a traceback. Shapes shorter than MIN_REMEMBERED are left
+    to the HTTP effect's own masking of its details.
+    """
+    _remembered.update(s for s in secret_shapes(secret) if len(s) >= MIN_REMEMBERED)
+
+
+def secret_shapes(secret: str) -> set[str]:
+    """`secret` in every shape a library or a partner may echo it in.
+
+    Raw, percent-encoded or decoded, JSON- or repr-escaped, with its runs of blanks
+    made one (a detail is put on one line); and for an auth header (`Bearer T`,
+    `Basic T`) the credential T alone, which is what a partner's "invalid token T"
+    quotes.
+    """
+    import json  # here, not at the top: `onceq dirq lag` must start fast
+
+    bases = {secret, " ".join(secret.split())}
+    scheme, blank, credential = secret.strip().partition(" ")
+    if blank and scheme.isalpha() and credential.strip():
+        bases.add(credential.strip())
+    shapes: set[str] = set()
+    for s in bases:
+        shapes.update(
+            (
+                s,
+                unquote(s),
+                quote(s, safe=""),
+                quote(s, safe="!$&'()*+,;=:"),  # userinfo as a URL library writes it
+                json.dumps(s)[1:-1],
+                json.dumps(s, ensure_ascii=False)[1:-1],
+                repr(s)[1:-1],
+            )
+        )
+    shapes.discard("")
+    return shapes
 
 
 def forget_all() -> None:
@@ -178,8 +209,10 @@ def _userinfo_span(value: str) -> tuple[int, int, int] | None:
         colon = head.find(":", start)
         if colon < 0:
             continue
-        if head[colon + 1 : colon + 2] == "/" and start == 0 and scheme is not None:
+        if head[colon + 1 : colon + 3] == "//" and start == 0 and scheme is not None:
             continue  # the scheme's colon of `amqp://…`: not a password's
+        # With one slash (`oh35:/@pw@h`: the user typed as a scheme, a password that
+        # starts with '/'), the colon may be the userinfo's: masked, more rather than less.
         return start, colon, at
     return None
 

@@ -287,7 +287,7 @@ def test_mq_status_prints_the_watermark_as_text(amqp_url: str) -> None:
     ],
 )  # fmt: skip
 def test_memory_line_never_prints_python_reprs(mem: dict, line: str) -> None:
-    from onceq.cli.mq import memory_line
+    from onceq.cli.mq_status import memory_line
 
     assert memory_line(mem) == line
 

@@ -152,3 +152,38 @@ def test_a_refused_rabbitmq_flow_leaves_the_queue_as_it_was(amqp_url: str, tmp_p
 def test_top_level_mistakes(tmp_path: Path, bad: str) -> None:
     lines = _refused(tmp_path, bad)
     assert lines == [f"onceq: {tmp_path / 'flows.toml'}: line 1: ledger: must be a path (text)"]
+
+
+def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -> None:
+    """`onceq check --help` shows a flow file: copied as printed, it checks OK (with its
+    ${ENV} set), and without the variable it is refused naming the header's key."""
+    import textwrap
+
+    r = run_cli("check", "--help")
+    example = r.stdout.split("Example (flows.toml):\n", 1)[1].split("\n\n", 1)[0]
+    (tmp_path / "flows.toml").write_text(textwrap.dedent(example) + "\n")
+    ok = run_cli("check", str(tmp_path / "flows.toml"), env={"INVOICE_API_KEY": "k3y-VALUE"})
+    assert ok.returncode == 0, ok.stderr
+    assert "flow invoices: dirq -> POST http://127.0.0.1:9300/api/invoices" in ok.stdout
+    assert "k3y-VALUE" not in ok.stdout + ok.stderr
+    # and `onceq run --help` sends a newcomer there
+    assert "`onceq check --help` shows one" in " ".join(run_cli("run", "--help").stdout.split())
+    unset = run_cli("check", str(tmp_path / "flows.toml"))
+    assert unset.returncode == 2
+    assert "flows.invoices.http.headers.X-Api-Key: environment variable INVOICE_API_KEY" in (
+        unset.stderr
+    )
+
+
+def test_a_bad_flow_name_is_named_with_its_tables_line(tmp_path: Path) -> None:
+    """`[flows."bad name"]`: the mistake is about the table itself, so its line is the
+    table's header (it had none: the lookup only tried the key's parents)."""
+    (tmp_path / "f.toml").write_text(
+        'ledger = "l.db"\n\n[flows."bad name"]\nsource = "dirq"\npath = "q"\n'
+    )
+    r = run_cli("check", str(tmp_path / "f.toml"))
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"onceq: {tmp_path / 'f.toml'}: line 3: flows.bad name: a flow name is 1-64 of"
+        " A-Z a-z 0-9 _ . - (starting with a letter or digit)\n"
+    )

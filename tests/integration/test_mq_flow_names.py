@@ -208,6 +208,9 @@ def test_a_missing_exchange_exits_3_naming_it(amqp_url: str, tmp_path: Path) -> 
     [
         (("--id-field", ""), "--id-field: '': not a field name"),
         (("--id-field", "a..b"), "--id-field: 'a..b': not a field name"),
+        # the consumer's rule for a path (no blank in a key): the publisher took 'a b',
+        # which the consumer's --id-field refuses, and said "no a b" (exit 5)
+        (("--id-field", "a b"), "--id-field: 'a b': not a field name"),
         (("--routing-key", "k" * 256), "--routing-key: "),
     ],
 )

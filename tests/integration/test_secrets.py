@@ -75,6 +75,10 @@ ISSUE_CASES: list[Case] = [
     ("amqp://alice:s3q/cr3tAB@127.0.0.1/", "s3q/cr3tAB", ["s3q", "cr3tAB"]),
     # passes every check, then fails to connect
     ("amqp://alice:ab cd5XY@127.0.0.1:5672/", "ab cd5XY", ["cd5XY"]),
+    # urlsplit takes it, yarl (inside aiormq.connect) raised a bare ValueError: a traceback
+    ("amqp://a:aa000AAA\\@127.0.0.1", "aa000AAA\\", ["aa000AAA"]),
+    # urlsplit's refusal quoted the bracketed piece: "'ab000AAA' does not appear to be…"
+    ("//a:aa000AAAaa000AAA[ab000AAA]@127.0.0.1", "aa000AAAaa000AAA[ab000AAA]", ["ab000AAA"]),
 ]
 
 
@@ -150,6 +154,8 @@ def assert_no_leak(text: str, password: str, tokens: list[str], what: object) ->
 @example(case=ISSUE_CASES[2], which=2, as_json=True)
 @example(case=ISSUE_CASES[3], which=3, as_json=False)
 @example(case=ISSUE_CASES[4], which=1, as_json=True)
+@example(case=ISSUE_CASES[5], which=3, as_json=False)
+@example(case=ISSUE_CASES[6], which=0, as_json=False)
 def test_a_mistyped_broker_url_never_shows_its_password(
     place: Path, case: Case, which: int, as_json: bool
 ) -> None:
@@ -168,6 +174,18 @@ def claims_vhost(amqp_url: str, place: Path) -> str:
     return amqp_url
 
 
+@pytest.mark.parametrize("which", range(4))
+def test_a_backslash_in_the_password_is_a_usage_error(place: Path, which: int) -> None:
+    """yarl refuses a backslash before the host where urlsplit does not: every command
+    that takes the broker URL refuses it up front, one masked line, exit 2."""
+    url, password, tokens = ISSUE_CASES[5]
+    code, text = in_process(_commands(place)[which], _env(place, EAI_AMQP_URL=url))
+    assert code == 2, text
+    assert text.startswith("onceq: EAI_AMQP_URL=amqp://a:***@127.0.0.1: not a valid URL"), text
+    assert "backslash" in text
+    assert_no_leak(text, password, tokens, url)
+
+
 @settings(
     max_examples=max(MAX_EXAMPLES // 4, 5),
     deadline=None,
@@ -176,6 +194,8 @@ def claims_vhost(amqp_url: str, place: Path) -> str:
 @given(case=CLAIM_URLS, as_json=st.booleans())
 @example(case=("http//bob:pwSECRET7@127.0.0.1:9202", "pwSECRET7", ["pwSECRET7"]), as_json=False)
 @example(case=("http://bob:pw SECRET7@127.0.0.1:1/", "pw SECRET7", ["SECRET7"]), as_json=True)
+# no scheme, a password that starts with '/': the user reads as a scheme `oh35:/`
+@example(case=("oh35:/@ab000AAA@@127.0.0.1", "/@ab000AAA@", ["ab000AAA"]), as_json=False)
 def test_a_mistyped_claim_url_never_shows_its_password(
     claims_vhost: str, place: Path, case: Case, as_json: bool
 ) -> None:

@@ -120,9 +120,14 @@ def test_what_no_request_can_carry_is_that_message_s_rejection() -> None:
         ("ftp://h/x", {}, "url ftp://h/x: not an http:// or https:// URL"),
         ("http://{host}/x", {}, "a {field} may stand in the path or query only"),
         ("http://h:0/x", {}, "port 0"),
-        ("http://h/{a..b}", {}, "URL placeholder"),
+        ("http://h/{a..b}", {}, "url http://h/{a..b}: {a..b} is not a field (a.b.c)"),
+        ("http://h/{}", {}, "{} is not a field"),
+        ("http://h/api/{invoiceId", {}, "a '{' or '}' that is not a {field}"),
+        ("http://h/api/}", {}, "a '{' or '}' that is not a {field}"),
         ("http://h/x", {"method": "PO ST"}, "method"),
         ("http://h/x", {"timeout": 0}, "timeout"),
+        ("http://h/x", {"timeout": float("inf")}, "timeout: inf is not a positive number"),
+        ("http://h/x", {"timeout": float("nan")}, "timeout: nan is not a positive number"),
         ("http://h/x", {"headers": {"Bad Name": "v"}}, "header 'Bad Name': not a header name"),
         ("http://h/x", {"headers": {"X-Token": "s3cret\nx"}}, "header X-Token: its value"),
         ("http://h/x", {"idempotency_header": "a:b"}, "idempotency header"),
@@ -135,6 +140,14 @@ def test_an_effect_that_cannot_work_is_refused_in_one_line(
         HttpEffect(url, **kwargs)
     assert says in str(exc.value) and "\n" not in str(exc.value)
     assert "s3cret" not in str(exc.value)
+
+
+def test_an_empty_success_list_is_refused() -> None:
+    """No status would mean done: every message retried, then dead. `duplicate=""`
+    (no status is a duplicate) stays allowed."""
+    with pytest.raises(UsageError, match="success: an empty list"):
+        StatusMap.parse(success="")
+    assert StatusMap.parse(duplicate="").role(409) == "reject"
 
 
 def test_repr_names_headers_never_their_values() -> None:

@@ -176,3 +176,14 @@ def test_a_traceback_inside_the_guard_is_masked_and_exits_1(
     assert "sip:bob:x@example.com" in out
     assert "s3cr3tTB" not in err and "Traceback" in err and "ValueError" in err
     assert not isinstance(sys.stdout, RedactingStream)  # put back
+
+
+def test_a_user_read_as_a_scheme_before_a_slashed_password_is_masked() -> None:
+    """`oh35:/@pw@h` (no scheme typed, a password starting with '/'): the colon after
+    one slash may be the userinfo's, so the rest up to the last '@' is masked; after
+    `://` it is the scheme's (`amqp://alice@h` has no password)."""
+    from onceq.redact import redact_text, redact_url
+
+    assert redact_url("oh35:/@ab000AAA@@127.0.0.1") == "oh35:***@127.0.0.1"
+    assert redact_text("x oh35:/@ab000AAA@@127.0.0.1") == "x oh35:***@127.0.0.1"
+    assert redact_url("amqp://alice@h") == "amqp://alice@h"

@@ -30,6 +30,7 @@ from onceq.amqp.transport import COPY_HEADER
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import BadMessage, NotFound, Unroutable, UsageError
 from onceq.ledger_values import is_utf8
+from onceq.message import _split, get_path
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
 # fsyncs persistent messages, bounded so memory and the loss window stay small.
@@ -45,7 +46,6 @@ MAX_MESSAGE_ID = 255
 
 # The claims preset: message_id from the body's guid, to eai.claim with key claim.
 ID_FIELD = "guid"
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,6 @@ class Message:
 
 
 Claim = Message  # the name before issue 7
-
-
-def lookup(doc: dict[str, Any], path: str) -> Any:
-    """doc's value at a dotted path ("invoice.id" → doc["invoice"]["id"]), or _MISSING."""
-    value: Any = doc
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return _MISSING
-        value = value[part]
-    return value
 
 
 def load_message(path: Path, id_field: str = ID_FIELD) -> Message:
@@ -101,7 +91,8 @@ def load_message(path: Path, id_field: str = ID_FIELD) -> Message:
         raise BadMessage(f"{path}: not JSON ({str(exc).split(';')[0][:200]})") from None
     if not isinstance(doc, dict):
         raise BadMessage(f"{path}: not a JSON object (top level is {type(doc).__name__})")
-    msg_id = lookup(doc, id_field)
+    # The consumer's own dotted-path lookup (one rule for "invoice.id" on both sides).
+    msg_id = get_path(doc, _split(id_field, "id_field"))
     if isinstance(msg_id, int) and not isinstance(msg_id, bool):
         msg_id = str(msg_id)
     if not isinstance(msg_id, str) or not msg_id.strip():

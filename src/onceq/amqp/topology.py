@@ -114,6 +114,17 @@ class Topology:
         )
 
     @classmethod
+    def for_source(cls, source: Any) -> Topology:
+        """The names a flow's RabbitSource declares: its queue's, each one given overriding."""
+        return cls.for_queue(
+            source.queue,
+            source.exchange,
+            source.routing_key,
+            source.dead_letter_exchange,
+            source.dead_letter_queue,
+        )
+
+    @classmethod
     def from_options(
         cls,
         queue: str | None = None,

@@ -51,7 +51,7 @@ from typing import Any
 from onceq import faults
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
-from onceq.errors import redact_url
+from onceq.errors import NotFound, redact_url
 from onceq.transport import Delivery, Settle
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,15 @@ class AmqpTransport:
             with boundary(self.url):
                 self._channel = await self._connection.channel()
                 await self._channel.set_qos(prefetch_count=self.prefetch)
-            with boundary(self.url, f"queue {self.queue_name}"):
-                # Passive: the consumer never creates topology with guessed attributes
-                # (`onceq mq topology` does, with the dead-letter arguments).
-                self._queue = await self._channel.declare_queue(self.queue_name, passive=True)
+            try:
+                with boundary(self.url, f"queue {self.queue_name}"):
+                    # Passive: the consumer never creates topology with guessed
+                    # attributes (`onceq mq topology` does, with the dead-letter ones).
+                    self._queue = await self._channel.declare_queue(self.queue_name, passive=True)
+            except NotFound as exc:
+                # A newcomer's first run: say what declares it, not only that it is absent.
+                how = "" if self.queue_name == QUEUE else f" --queue {self.queue_name}"
+                raise NotFound(f"{exc}; declare it first: onceq mq topology{how}") from None
         except BaseException:
             await close_quietly(self._connection)
             raise

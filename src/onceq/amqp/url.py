@@ -60,7 +60,24 @@ def check_url(url: str, label: str, schemes: tuple[str, ...], port_role: str) ->
         raise UsageError(f"{label}{shown(url)}: not an {wanted} URL")
     if port == 0:
         raise UsageError(f"{label}{shown(url)}: port 0 is not {port_role}")
+    _check_with_yarl(url, label)
     return url
+
+
+def _check_with_yarl(url: str, label: str) -> None:
+    """Refuse what urlsplit accepts but yarl (aiormq's and aiohttp's parser) does not.
+
+    yarl is stricter: a backslash before the host (`amqp://a:pw\\@h`, a password typed
+    with one) raises a bare ValueError inside `aiormq.connect`, which escaped every
+    boundary as a traceback. Its words are not shown as they are: one of them quotes
+    the netloc, password and all.
+    """
+    import yarl
+
+    try:
+        yarl.URL(url)
+    except ValueError as exc:
+        raise UsageError(f"{label}{shown(url)}: not a valid URL ({_why(exc)})") from None
 
 
 _SCHEME_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:/+")
@@ -88,15 +105,23 @@ def shown(url: str) -> str:
 
 
 def _why(exc: ValueError) -> str:
-    """urlsplit's reason, in words that never quote the URL.
+    """The parser's reason (urlsplit's or yarl's) in our words, never in theirs.
 
-    "Port could not be cast to integer value as 's3'" quotes what stood where the
-    port should be, which in a mistyped URL is a piece of the password (`u:s3/x@h`).
+    Their texts quote the URL's pieces: "Port could not be cast to integer value as
+    's3'" quotes what stood where the port should be, "'ab1' does not appear to be an
+    IPv4 or IPv6 address" what stood in brackets, yarl's "netloc '…' contains invalid
+    characters" the whole userinfo — in a mistyped URL, pieces of the password.
     """
     text = str(exc)
-    if "could not be cast" in text:
+    if text in ("Port out of range 0-65535", "Invalid IPv6 URL"):
+        return text  # quotes nothing: the parser's own words, as a reader may search them
+    if "backslash" in text:
+        return "a backslash before the host: write it %5C in a password"
+    if "port" in text.lower():
         return "the port is not a number"
-    return redact_text(text)
+    if "IPv" in text or "bracket" in text:
+        return "brackets that do not hold an IPv6 address"
+    return "its host or user part has characters a URL cannot hold"
 
 
 def vhost_of(url: str) -> str:
@@ -192,7 +217,12 @@ async def connect(url: str):  # type: ignore[no-untyped-def]
     import aiormq
 
     with boundary(url):
-        return await asyncio.wait_for(aiormq.connect(url), CONNECT_TIMEOUT)
+        try:
+            return await asyncio.wait_for(aiormq.connect(url), CONNECT_TIMEOUT)
+        except ValueError:
+            # A URL the checks let through but the parser refuses: a user's mistake,
+            # one masked line (exit 2), never a traceback with the URL in it.
+            raise UsageError(f"{shown(url)}: not a valid broker URL") from None
 
 
 async def close_quietly(connection: object) -> None:

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from onceq.cli.dirq_results import (
+    DB_HELP,
+    DEFAULT_REQUIRED,
+    NEW_QDIR,
+    QDIR,
+    order_check,
+    parse_required,
+    report,
+    schema,
+)
 from onceq.cli.flow_options import flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
-
-# A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
-# the same in every command (click's own file_okay check would make a file exit 2).
-QDIR = click.Path(path_type=Path)
-NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
-DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
-DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
 
 
 @click.group()
@@ -32,6 +34,10 @@ def dirq() -> None:
       onceq dirq consume ./q
       onceq dirq lag ./q 100
     """
+
+
+for _command in (schema, order_check, report):
+    dirq.add_command(_command)
 
 
 @dirq.command()
@@ -50,30 +56,6 @@ def init(qdir: Path, source: Path | None) -> None:
 
     n = DirQueue(qdir).init(source)
     click.echo(f"{qdir}: ready, {n} message(s) queued")
-
-
-def _parse_required(value: str) -> tuple[str, ...]:
-    fields = tuple(f.strip() for f in value.split(",") if f.strip())
-    if not fields:
-        raise click.BadParameter(f"{value!r} names no field", param_hint="'--required'")
-    return fields
-
-
-def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--required and --max-bytes: what makes a valid message, for consume and schema alike."""
-    f = click.option(
-        "--max-bytes",
-        default=1024 * 1024,
-        show_default=True,
-        type=click.IntRange(1),
-        help="Files larger than this are not messages (consume quarantines them unread).",
-    )(f)
-    return click.option(
-        "--required",
-        default=DEFAULT_REQUIRED,
-        show_default=True,
-        help="Comma-separated fields a message must have.",
-    )(f)
 
 
 @dirq.command()
@@ -169,7 +151,7 @@ def _consume_flow(
         flow = orders_flow(
             qdir,
             workers=workers,
-            required=_parse_required(required or DEFAULT_REQUIRED),
+            required=parse_required(required or DEFAULT_REQUIRED),
             max_bytes=max_bytes,
         )
         flow.name = flags.get("flow_name") or flow.name
@@ -200,116 +182,6 @@ def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = ""
         emit_json({**stats.as_dict(), **({"stopped_by": stopped_by} if stopped_by else {})})
         return
     print_run_summary(stats, head=f"{qdir}: ")
-
-
-def _write_output(path: Path, text: str) -> Path:
-    """Write a result file atomically (a reader never sees half of it)."""
-    from onceq.dirq.files import write_atomic
-    from onceq.errors import NotFound, UsageError
-
-    if not path.parent.is_dir():
-        raise NotFound(f"{path.parent}: no such folder for {path.name}")
-    if path.is_dir():
-        raise UsageError(f"{path}: is a folder, not a file")
-    try:
-        return write_atomic(path.parent, path.name, text.encode())
-    except OSError as exc:  # e.g. a read-only folder: one line naming the file
-        raise UsageError(f"{path}: cannot write: {exc.strerror}") from exc
-
-
-@dirq.command()
-@click.argument("qdir", type=QDIR)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Write the CSV here (default: print it).",
-)
-@message_spec_options
-def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> None:
-    """The fields of a normal message, as CSV `field,type,role`.
-
-    Reads the valid messages (files that would be processed) in inbox/ and done/:
-    before a consume they are in inbox/, after it in done/. Quarantined files in
-    error/ are not normal messages. type is the JSON type (integer and number
-    mixed is number); role is idempotency-key for msg_id, sequence for seq.
-
-    \b
-    Example:
-      onceq dirq schema ./q -o ./q/schema.csv
-    """
-    from onceq.dirq.message import MessageSpec
-    from onceq.dirq.schema import schema_csv
-
-    spec = MessageSpec(required=_parse_required(required), max_bytes=max_bytes)
-    text = schema_csv(qdir, spec)
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        _write_output(output, text)
-        click.echo(f"{output}: {text.count(chr(10)) - 1} field(s)")
-
-
-@dirq.command("order-check")
-@click.argument("qdir", type=QDIR, required=False)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@click.option(
-    "--sql",
-    "sql_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Run this read-only query instead of the built-in one.",
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Write the result here: `OK`, or a header line and CSV rows.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def order_check(
-    qdir: Path | None, db: Path | None, sql_file: Path | None, output: Path | None, as_json: bool
-) -> None:
-    """Find repeated and missing sequence numbers per order_no in the ledger.
-
-    Runs SQL over the `processed` table using the senders' seq values (never
-    processing times). Sequences start at 1, so a first seq above 1 is a gap.
-    The result is `OK` when the query returns no rows; otherwise a header line
-    and the rows as CSV. Exit 0 when OK, 1 when problems are found.
-    Name the ledger with --db PATH, or QDIR for QDIR/ledger.db.
-
-    \b
-    Example:
-      onceq dirq order-check --db ./q/ledger.db -o ./q/order-result.txt
-      onceq dirq order-check ./q --sql my-check.sql --json
-    """
-    from onceq.dirq.order import read_sql, render, run_check
-    from onceq.dirq.queue import DirQueue
-    from onceq.errors import UsageError
-    from onceq.ledger import Ledger
-
-    if db is None and qdir is None:
-        raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
-    path = db if db is not None else DirQueue(qdir).default_db  # type: ignore[arg-type]
-    sql = read_sql(sql_file) if sql_file is not None else None
-    with Ledger(path, create=False) as ledger:  # a check never creates a ledger
-        columns, rows = run_check(ledger, sql)
-    text = render(columns, rows)
-    if output is not None:
-        _write_output(output, text)
-    if as_json:
-        emit_json(
-            {
-                "ok": not rows,
-                "columns": columns,
-                "rows": [dict(zip(columns, r, strict=True)) for r in rows],
-            }
-        )
-    elif output is None:
-        click.echo(text, nl=False)
-    else:
-        click.echo("OK" if not rows else f"{len(rows)} problem row(s): {output}")
-    if rows:
-        click.get_current_context().exit(1)
 
 
 @dirq.command(context_settings={"ignore_unknown_options": True})
@@ -384,35 +256,3 @@ def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
         emit_json({"replayed": file, "to": str(dst)})
     else:
         click.echo(f"{qdir}: error/{file} -> inbox/{file} (replay recorded)")
-
-
-@dirq.command()
-@click.argument("qdir", type=QDIR)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def report(qdir: Path, db: Path | None, as_json: bool) -> None:
-    """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.
-
-    dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
-    error.csv: `file,reason`, one row per file now in error/ with the newest
-    failure reason the ledger holds for it (`unknown` when it has none). Both
-    come from durable state: any run writes the same files.
-
-    \b
-    Example:
-      onceq dirq report ./q && cat ./q/error.csv
-    """
-    from onceq.dirq.queue import DirQueue
-    from onceq.dirq.report import write_report
-    from onceq.ledger import Ledger
-
-    queue = DirQueue(qdir).check()
-    with Ledger(db or queue.default_db, create=False) as ledger:
-        dup, err = write_report(queue, ledger)
-    dups = dup.read_text().split()
-    rows = err.read_text().count("\n") - 1
-    if as_json:
-        emit_json({"dup": str(dup), "error": str(err), "duplicates": dups, "errors": rows})
-    else:
-        # The JSON's words: "duplicates" (ids in dup.txt), "errors" (rows in error.csv).
-        click.echo(f"{dup}: {len(dups)} duplicates; {err}: {rows} errors (files in error/)")

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from onceq.errors import UsageError
+from onceq.redact import remember_secret
 
 ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The flags that make a run generic (not the preset); --flow only names it.
@@ -55,17 +56,20 @@ def flow_options(*, timeout: bool = True) -> Callable[[Callable[..., Any]], Call
             click.option(
                 "--id-field",
                 metavar="PATH",
+                callback=_path_flag,
                 help="The message's id: a field, dotted into nested objects"
                 " (e.g. invoiceId, invoice.id). Makes this your own flow.",
             ),
             click.option(
                 "--group-field",
                 metavar="PATH",
+                callback=_path_flag,
                 help="A field grouping messages (what order-check checks per group).",
             ),
             click.option(
                 "--seq-field",
                 metavar="PATH",
+                callback=_path_flag,
                 help="An integer sequence field within a group (for order-check).",
             ),
             click.option("--keep", metavar="A,B", help="Fields kept in the ledger (as JSON)."),
@@ -143,7 +147,19 @@ def check_http_flags(values: dict[str, Any]) -> None:
         return
     for k in HTTP_FLAGS:
         if values.get(k):
-            raise UsageError(f"--{k.replace('_', '-').rstrip('s')} needs --url")
+            raise UsageError(f"{_flag(k)} needs --url")
+
+
+def _flag(key: str) -> str:
+    """The flag a value came from: headers → --header, id_field → --id-field."""
+    return "--header" if key == "headers" else "--" + key.replace("_", "-")
+
+
+def _path_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--id-field/--group-field/--seq-field: an empty one would silently mean the preset."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} names no field")
+    return value
 
 
 def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
@@ -161,6 +177,9 @@ def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
             return os.environ[match[1]]
 
         out[name] = ENV.sub(env, value.strip())
+        # A secret from here on: masked in every line this process prints or logs,
+        # whatever echoes it (a partner's error body, an exception, a traceback).
+        remember_secret(out[name])
     return out
 
 
@@ -189,7 +208,15 @@ def build_flow(
     }
     if max_bytes is not None:
         spec_args["max_bytes"] = max_bytes
-    spec = MessageSpec(**spec_args)
+    try:
+        spec = MessageSpec(**spec_args)
+    except UsageError as exc:  # "message spec: id_field 'a..b': …": name the flag
+        text = str(exc)
+        for key in ("id_field", "group_field", "seq_field", "keep", "required"):
+            head = f"message spec: {key} "
+            if text.startswith(head):
+                raise UsageError(f"{_flag(key)} {text[len(head) :]}") from None
+        raise
     effect = None
     if values.get("http_url"):
         from onceq.http_effect import HttpEffect, StatusMap

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+import click
+
 if TYPE_CHECKING:
     from onceq.consumer import Stats
 
@@ -105,3 +107,17 @@ def note_new_ledger(path: object) -> None:
     # the note is a line of its own (the progress line is redrawn below it).
     clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
     sys.stderr.write(f"{clear}onceq: new ledger at {path}: no message seen before\n")
+
+
+class Seconds(click.FloatRange):
+    """A positive, finite number of seconds (FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.mq import Seconds
+from onceq.cli.output import Seconds
 
 
 @click.group()

@@ -9,13 +9,12 @@ from typing import Any
 
 import click
 
-from onceq.cli.mq import Seconds
-from onceq.cli.output import emit_json, fail, note_new_ledger, print_run_summary
+from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
 
-def _load(file: Path, names: tuple[str, ...]) -> Any:
+def load_or_exit(file: Path, names: tuple[str, ...]) -> Any:
     """The checked flow file, or every mistake on stderr (one line each) and exit 2."""
     from onceq.flowfile import FlowFileError, load_flows
 
@@ -35,12 +34,27 @@ def check(file: Path, as_json: bool) -> None:
 
     Reads FILE, resolves each ${ENV} and imports each function it names, and
     checks every key; it opens no ledger, queue folder or broker connection.
+    A flow file holds one ledger and one [flows.NAME] table per flow: a source
+    (dirq: path; rabbitmq: queue, url, exchange, …), the message (id_field,
+    required, group_field, seq_field, keep) and an effect ([flows.NAME.http],
+    [flows.NAME.python] function = "module:func", [flows.NAME.sql]).
 
     \b
-    Example:
+    Example (flows.toml):
+      ledger = "ledger.db"
+      [flows.invoices]
+      source = "dirq"
+      path = "inv"
+      id_field = "invoiceId"
+      keep = ["customer", "total"]
+      [flows.invoices.http]
+      url = "http://127.0.0.1:9300/api/invoices"
+      headers = { X-Api-Key = "${INVOICE_API_KEY}" }
+
+    \b
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
-    ff = _load(file, ())
+    ff = load_or_exit(file, ())
     rows = [
         {"name": f.name, "source": f.kind, "effect": _effect_word(f), "sql": f.sql is not None}
         for f in ff.flows
@@ -60,7 +74,11 @@ def _effect_word(flow: Any) -> str:
     if flow.effect is None:
         return "ledger row"
     if isinstance(flow.effect, HttpEffect):
-        return f"{flow.effect.method} {flow.effect.url}"
+        from onceq.redact import redact_url
+
+        # stdout masks only remembered passwords (4+ characters): a URL onceq prints
+        # is masked where it is formatted, so `http://bob:pw@…` shows no `pw` either.
+        return f"{flow.effect.method} {redact_url(flow.effect.url)}"
     return "python"
 
 
@@ -89,6 +107,8 @@ def run(
 ) -> None:
     """Run the flows of a flow file in one process, into the file's one ledger.
 
+    FILE is TOML: one ledger, one [flows.NAME] table per flow (`onceq check
+    --help` shows one).
     The file is checked first, whole: any mistake is one line each, exit 2, and
     nothing is consumed. Then every source is checked (queue folder, broker
     queue) before the ledger is opened. A directory queue is looked at every
@@ -112,7 +132,7 @@ def run(
 
     from onceq.runner import run_flows
 
-    ff = _load(file, names)
+    ff = load_or_exit(file, names)
     report = asyncio.run(
         run_flows(ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds)
     )

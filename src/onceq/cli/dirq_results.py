@@ -1,0 +1,188 @@
+"""`onceq dirq schema`, `order-check` and `report`: what a queue and its ledger hold.
+
+Also the arguments every dirq command shares (QDIR, --db, --required), kept here so
+that `cli/dirq.py` imports them from one place without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onceq.cli.output import emit_json
+
+# A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
+# the same in every command (click's own file_okay check would make a file exit 2).
+QDIR = click.Path(path_type=Path)
+NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
+DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
+DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
+
+
+def parse_required(value: str) -> tuple[str, ...]:
+    fields = tuple(f.strip() for f in value.split(",") if f.strip())
+    if not fields:
+        raise click.BadParameter(f"{value!r} names no field", param_hint="'--required'")
+    return fields
+
+
+def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--required and --max-bytes: what makes a valid message, for consume and schema alike."""
+    f = click.option(
+        "--max-bytes",
+        default=1024 * 1024,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Files larger than this are not messages (consume quarantines them unread).",
+    )(f)
+    return click.option(
+        "--required",
+        default=DEFAULT_REQUIRED,
+        show_default=True,
+        help="Comma-separated fields a message must have.",
+    )(f)
+
+
+def write_output(path: Path, text: str) -> Path:
+    """Write a result file atomically (a reader never sees half of it)."""
+    from onceq.dirq.files import write_atomic
+    from onceq.errors import NotFound, UsageError
+
+    if not path.parent.is_dir():
+        raise NotFound(f"{path.parent}: no such folder for {path.name}")
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder, not a file")
+    try:
+        return write_atomic(path.parent, path.name, text.encode())
+    except OSError as exc:  # e.g. a read-only folder: one line naming the file
+        raise UsageError(f"{path}: cannot write: {exc.strerror}") from exc
+
+
+@click.command()
+@click.argument("qdir", type=QDIR)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the CSV here (default: print it).",
+)
+@message_spec_options
+def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> None:
+    """The fields of a normal message, as CSV `field,type,role`.
+
+    Reads the valid messages (files that would be processed) in inbox/ and done/:
+    before a consume they are in inbox/, after it in done/. Quarantined files in
+    error/ are not normal messages. type is the JSON type (integer and number
+    mixed is number); role is idempotency-key for msg_id, sequence for seq.
+
+    \b
+    Example:
+      onceq dirq schema ./q -o ./q/schema.csv
+    """
+    from onceq.dirq.message import MessageSpec
+    from onceq.dirq.schema import schema_csv
+
+    spec = MessageSpec(required=parse_required(required), max_bytes=max_bytes)
+    text = schema_csv(qdir, spec)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_output(output, text)
+        click.echo(f"{output}: {text.count(chr(10)) - 1} field(s)")
+
+
+@click.command("order-check")
+@click.argument("qdir", type=QDIR, required=False)
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option(
+    "--sql",
+    "sql_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Run this read-only query instead of the built-in one.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the result here: `OK`, or a header line and CSV rows.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def order_check(
+    qdir: Path | None, db: Path | None, sql_file: Path | None, output: Path | None, as_json: bool
+) -> None:
+    """Find repeated and missing sequence numbers per order_no in the ledger.
+
+    Runs SQL over the `processed` table using the senders' seq values (never
+    processing times). Sequences start at 1, so a first seq above 1 is a gap.
+    The result is `OK` when the query returns no rows; otherwise a header line
+    and the rows as CSV. Exit 0 when OK, 1 when problems are found.
+    Name the ledger with --db PATH, or QDIR for QDIR/ledger.db.
+
+    \b
+    Example:
+      onceq dirq order-check --db ./q/ledger.db -o ./q/order-result.txt
+      onceq dirq order-check ./q --sql my-check.sql --json
+    """
+    from onceq.dirq.order import read_sql, render, run_check
+    from onceq.dirq.queue import DirQueue
+    from onceq.errors import UsageError
+    from onceq.ledger import Ledger
+
+    if db is None and qdir is None:
+        raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
+    path = db if db is not None else DirQueue(qdir).default_db  # type: ignore[arg-type]
+    sql = read_sql(sql_file) if sql_file is not None else None
+    with Ledger(path, create=False) as ledger:  # a check never creates a ledger
+        columns, rows = run_check(ledger, sql)
+    text = render(columns, rows)
+    if output is not None:
+        write_output(output, text)
+    if as_json:
+        emit_json(
+            {
+                "ok": not rows,
+                "columns": columns,
+                "rows": [dict(zip(columns, r, strict=True)) for r in rows],
+            }
+        )
+    elif output is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo("OK" if not rows else f"{len(rows)} problem row(s): {output}")
+    if rows:
+        click.get_current_context().exit(1)
+
+
+@click.command()
+@click.argument("qdir", type=QDIR)
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def report(qdir: Path, db: Path | None, as_json: bool) -> None:
+    """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.
+
+    dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
+    error.csv: `file,reason`, one row per file now in error/ with the newest
+    failure reason the ledger holds for it (`unknown` when it has none). Both
+    come from durable state: any run writes the same files.
+
+    \b
+    Example:
+      onceq dirq report ./q && cat ./q/error.csv
+    """
+    from onceq.dirq.queue import DirQueue
+    from onceq.dirq.report import write_report
+    from onceq.ledger import Ledger
+
+    queue = DirQueue(qdir).check()
+    with Ledger(db or queue.default_db, create=False) as ledger:
+        dup, err = write_report(queue, ledger)
+    dups = dup.read_text().split()
+    rows = err.read_text().count("\n") - 1
+    if as_json:
+        emit_json({"dup": str(dup), "error": str(err), "duplicates": dups, "errors": rows})
+    else:
+        # The JSON's words: "duplicates" (ids in dup.txt), "errors" (rows in error.csv).
+        click.echo(f"{dup}: {len(dups)} duplicates; {err}: {rows} errors (files in error/)")

@@ -1,0 +1,205 @@
+"""`onceq mq consume`: the claims preset (--claim) or a user's own flow (--url)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onceq.cli.flow_options import flow_options
+from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.errors import UsageError
+
+
+def cli_url() -> str:
+    """The broker URL of every `mq` command, logging set up so no line shows its password."""
+    from onceq.amqp.url import amqp_url, setup_logging
+
+    setup_logging()
+    return amqp_url()
+
+
+@click.command()
+@click.option(
+    "--claim",
+    "claim_url",
+    metavar="URL",
+    help="Claim system base URL: the exercise's claims preset (claim.in, POST"
+    " CLAIM/v1/claims, 201 only).",
+)
+@click.option(
+    "--queue",
+    metavar="QUEUE",
+    help="The queue to consume (default claim.in); with --url, your own flow.",
+)
+@click.option(
+    "--required",
+    metavar="A,B",
+    help="Comma-separated fields a message must have besides its id (your own flow).",
+)
+@flow_options(timeout=False)
+@click.option(
+    "--max-seconds",
+    type=Seconds(min=0, min_open=True),
+    help="Stop taking messages after N seconds (default: run until SIGTERM/SIGINT).",
+)
+@click.option(
+    "--prefetch",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Unacked deliveries at most (basic_qos), handled concurrently.",
+)
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Ledger database (default: EAI_MQ_DB, else ./processed.db); its folder must exist.",
+)
+@click.option(
+    "--timeout",
+    default=10.0,
+    show_default=True,
+    type=Seconds(min=0, min_open=True),
+    help="Seconds per HTTP call before it counts as a timeout.",
+)
+@click.option(
+    "--until-empty",
+    is_flag=True,
+    help="A batch: stop once the queue is drained and nothing is in flight.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def consume(
+    claim_url: str | None,
+    queue: str | None,
+    required: str | None,
+    max_seconds: float | None,
+    prefetch: int,
+    db: Path | None,
+    timeout: float,
+    until_empty: bool,
+    as_json: bool,
+    **flags: Any,
+) -> None:
+    """Consume claim.in, POST each claim to CLAIM/v1/claims, ack after the ledger.
+
+    201 → recorded, then acked. 422 → dead-lettered at once. 503, other
+    statuses, connection errors and timeouts → requeued once, then
+    dead-lettered. A message_id already in the ledger is acked without a call.
+
+    Your own flow instead of --claim: --url URL (and --queue, --id-field …)
+    POSTs each message of --queue to URL: 2xx done, 409 done as a partner
+    duplicate, other 4xx dead at once, 5xx/408/425/429 and timeouts requeued
+    once, then dead-lettered (see --success … --transient). The id is the
+    message_id property, else the --id-field of the body.
+
+    Signals: this consumer runs until it is stopped, so a stop is its normal end:
+    SIGTERM, SIGINT or --max-seconds take nothing more, finish the in-flight
+    messages, print the summary and exit 0. A second signal stops at once (exit
+    130; the in-flight messages return to the queue). On a terminal a status line
+    on stderr shows the progress; piped, nothing.
+
+    --until-empty makes it a batch: it stops once the queue (claim.in, or --queue)
+    has nothing ready and every delivery it took is settled (retries included), and exits 0. Like
+    every batch that is to finish a queue (dirq consume), it exits 130 (SIGINT) /
+    143 (SIGTERM) when a signal stops it first, and 1 when --max-seconds runs out
+    first, so that a script knows it did not finish.
+
+    \b
+    Example:
+      onceq partner claim --port 9202 &
+      onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
+      onceq mq consume --claim http://127.0.0.1:9202 --until-empty --json
+      onceq mq consume --queue invoice.in --id-field invoiceId \\
+          --url http://127.0.0.1:9300/api/invoices --until-empty
+    """
+    from onceq.amqp.consume import ConsumeOptions, default_db
+    from onceq.amqp.consume import consume as run_consume
+    from onceq.cli.progress import live_progress
+
+    url = cli_url()
+    flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
+    opts = ConsumeOptions(
+        claim_url=claim_url or "",
+        db=db or default_db(),
+        prefetch=prefetch,
+        max_seconds=max_seconds,
+        timeout=timeout,
+        until_empty=until_empty,
+    )
+    qname = flow.source.queue
+    with live_progress(qname, "dead") as on_settled:
+        result = run_consume(
+            url, opts, flow=flow, on_settled=on_settled, on_new_ledger=note_new_ledger
+        )
+    if as_json:
+        emit_json(result.as_dict())
+    else:
+        _print_consume(result, opts.db, qname)
+    if until_empty and not result.drained:
+        _unfinished_batch(result.signal, max_seconds, qname)
+    if result.aborted:
+        # Exit as an interrupted command (128 + the signal that cut the grace short:
+        # 130 SIGINT, 143 SIGTERM): the run did not finish its in-flight claims.
+        fail(f"interrupted by a second signal; in-flight messages return to {qname}")
+        raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
+
+
+def _consume_flow(
+    url: str,
+    claim_url: str | None,
+    queue: str | None,
+    required: str | None,
+    prefetch: int,
+    timeout: float,
+    flags: dict[str, Any],
+) -> Any:
+    """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
+    from onceq.cli.flow_options import build_flow, is_generic
+    from onceq.flow import RabbitSource, claims_flow
+
+    if claim_url is not None:
+        if is_generic(flags) or queue is not None or required is not None:
+            raise UsageError(
+                "--claim is the claims preset (claim.in, CLAIM/v1/claims); for your own flow"
+                " give --url and --queue instead, not both"
+            )
+        flow = claims_flow(claim_url, url=url, prefetch=prefetch, timeout=timeout)
+        flow.name = flags.get("flow_name") or flow.name
+        return flow.validate()
+    if not flags.get("http_url"):
+        raise UsageError(
+            "onceq mq consume: give --claim URL (the claims preset) or --url URL (your own"
+            " flow) (see --help)"
+        )
+    from onceq.amqp.topology import QUEUE
+
+    source = RabbitSource(queue or QUEUE, url=url, prefetch=prefetch)
+    return build_flow(
+        source,
+        {**flags, "required": required},
+        rabbit=True,
+        timeout=timeout,
+        concurrency=prefetch,
+    )
+
+
+def _unfinished_batch(signum: int | None, max_seconds: float | None, queue: str) -> None:
+    """Exit as a batch that did not finish: 128 + the signal, or 1 for the deadline."""
+
+    if signum is not None:
+        name = signal.Signals(signum).name
+        fail(f"stopped by {name} before {queue} was drained; the rest waits in {queue}")
+        raise SystemExit(128 + signum)
+    within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
+    fail(f"{queue} not drained{within}; the rest waits there")
+    raise SystemExit(1)
+
+
+def _print_consume(result: Any, db: Path, queue: str) -> None:
+    # "N unsettled", the JSON's key: deliveries a stop left unacked, back in the queue.
+    tail = f", {result.unsettled} unsettled (back to {queue})" if result.unsettled else ""
+    if result.drained:
+        tail += f"; {queue} drained"
+    print_run_summary(result.stats, tail=f"{tail}; ledger {db}")
