@@ -227,8 +227,16 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
 @click.argument("qdir", type=QDIR)
 @click.argument("file")
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option(
+    "--flow",
+    "flow_name",
+    default="default",
+    show_default=True,
+    metavar="NAME",
+    help="The flow that quarantined FILE (its replay is recorded under that flow).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
+def replay(qdir: Path, file: str, db: Path | None, flow_name: str, as_json: bool) -> None:
     """Move error/FILE back to inbox/FILE and record the replay in the ledger.
 
     FILE is a plain file name in QDIR/error/. A refused replay changes nothing,
@@ -240,13 +248,14 @@ def replay(qdir: Path, file: str, db: Path | None, as_json: bool) -> None:
       onceq dirq replay ./q msg-009.json && onceq dirq consume ./q
     """
     from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger
+    from onceq.ledger import Ledger, check_flow_name
 
+    check_flow_name(flow_name)  # before anything moves: a refusal changes nothing
     queue = DirQueue(qdir)
 
     def record(name: str) -> None:
         # Opened only once every check has passed: a refusal never creates the ledger.
-        with Ledger(db or queue.default_db) as ledger:
+        with Ledger(db or queue.default_db, flow=flow_name) as ledger:
             if ledger.created:
                 note_new_ledger(ledger.path)
             ledger.record_replay(name)

@@ -109,14 +109,30 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write the result here: `OK`, or a header line and CSV rows.",
 )
+@click.option(
+    "--flow",
+    "flow_name",
+    default="default",
+    show_default=True,
+    metavar="NAME",
+    help="The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME]).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def order_check(
-    qdir: Path | None, db: Path | None, sql_file: Path | None, output: Path | None, as_json: bool
+    qdir: Path | None,
+    db: Path | None,
+    sql_file: Path | None,
+    output: Path | None,
+    flow_name: str,
+    as_json: bool,
 ) -> None:
-    """Find repeated and missing sequence numbers per order_no in the ledger.
+    """Find repeated and missing sequence numbers per group in the ledger.
 
-    Runs SQL over the `processed` table using the senders' seq values (never
-    processing times). Sequences start at 1, so a first seq above 1 is a gap.
+    Runs SQL over one flow's rows in the ledger (its group and sequence fields:
+    order_no and seq for the orders preset, any flow's --group-field and
+    --seq-field) using the senders' values (never processing times). Sequences
+    start at 1, so a first seq above 1 is a gap. The group column is order_no
+    for the flow `default`, group for any other.
     The result is `OK` when the query returns no rows; otherwise a header line
     and the rows as CSV. Exit 0 when OK, 1 when problems are found.
     Name the ledger with --db PATH, or QDIR for QDIR/ledger.db.
@@ -125,6 +141,7 @@ def order_check(
     Example:
       onceq dirq order-check --db ./q/ledger.db -o ./q/order-result.txt
       onceq dirq order-check ./q --sql my-check.sql --json
+      onceq dirq order-check ./q --flow invoices
     """
     from onceq.dirq.order import read_sql, render, run_check
     from onceq.dirq.queue import DirQueue
@@ -135,8 +152,10 @@ def order_check(
         raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
     path = db if db is not None else DirQueue(qdir).default_db  # type: ignore[arg-type]
     sql = read_sql(sql_file) if sql_file is not None else None
-    with Ledger(path, create=False) as ledger:  # a check never creates a ledger
-        columns, rows = run_check(ledger, sql)
+    label = "order_no" if flow_name == "default" else "group"
+    # A check never creates a ledger.
+    with Ledger(path, flow=flow_name, create=False) as ledger:
+        columns, rows = run_check(ledger, sql, label)
     text = render(columns, rows)
     if output is not None:
         write_output(output, text)
@@ -159,8 +178,16 @@ def order_check(
 @click.command()
 @click.argument("qdir", type=QDIR)
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@click.option(
+    "--flow",
+    "flow_name",
+    default="default",
+    show_default=True,
+    metavar="NAME",
+    help="The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME]).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def report(qdir: Path, db: Path | None, as_json: bool) -> None:
+def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
     """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.
 
     dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
@@ -177,7 +204,7 @@ def report(qdir: Path, db: Path | None, as_json: bool) -> None:
     from onceq.ledger import Ledger
 
     queue = DirQueue(qdir).check()
-    with Ledger(db or queue.default_db, create=False) as ledger:
+    with Ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         dup, err = write_report(queue, ledger)
     dups = dup.read_text().split()
     rows = err.read_text().count("\n") - 1
