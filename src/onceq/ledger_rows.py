@@ -10,7 +10,8 @@ unless a crashed run already recorded this very copy (`recovered`).
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceq.ledger_values import text
 from onceq.transport import Kind, Settle
@@ -18,9 +19,30 @@ from onceq.transport import Kind, Settle
 if TYPE_CHECKING:
     from onceq.ledger import Entry
 
-# Rows per multi-row INSERT: 9 parameters each stays far below SQLite's limit of
-# 32766 bound parameters; one statement instead of one per message.
-BULK_ROWS = 500
+T = TypeVar("T")
+
+# Rows per multi-row INSERT at most: 9 parameters each stays far below SQLite's limit
+# of 32766 bound parameters; one statement instead of one per message. A power of two
+# (see `chunks`).
+BULK_ROWS = 256
+
+
+def chunks(items: Sequence[T], limit: int = BULK_ROWS) -> Iterator[Sequence[T]]:
+    """`items` in slices whose sizes are powers of two, largest first, each <= limit.
+
+    Why not plain slices of `limit`: a multi-row INSERT's text depends on its row
+    count, and a text the connection's statement cache has not seen is parsed and
+    planned again (for 256 rows, as much work as inserting them). Groups vary in size
+    (what is pending when the committer wakes, minus the duplicates for the presets'
+    second table), so plain slices meant a new statement almost every group; powers
+    of two give at most log2(limit) + 1 texts per table, each prepared once per run.
+    """
+    i, n = 0, len(items)
+    while i < n:
+        size = min(limit, 1 << ((n - i).bit_length() - 1))
+        yield items[i : i + size]
+        i += size
+
 
 _INSERT = (
     "INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at,"
@@ -42,8 +64,7 @@ def record_successes(
     """
     won: list[Entry] = []
     lost: list[Entry] = []
-    for i in range(0, len(group), BULK_ROWS):
-        chunk = group[i : i + BULK_ROWS]
+    for chunk in chunks(group):
         keys = [(e.row[1], e.row[8]) for e in chunk]
         if len(set(keys)) < len(keys):
             for e in chunk:

@@ -7,8 +7,9 @@ ledger's own transaction: its row and the dedup row commit together or not at al
 exactly like a user's SQL effect. The DDL is 0.1.0's, word for word, so
 `.schema processed` prints what it always printed.
 
-It is a bulk effect: one multi-row INSERT per group (per 500 rows), so the presets
-pay one statement per group for it, not one per message. Its columns come from the
+It is a bulk effect: a few multi-row INSERTs per group (`onceq.ledger_rows.chunks`:
+powers of two, so each statement text is prepared once per run), so the presets pay
+a handful of statements per group for it, not one per message. Its columns come from the
 decoder's fields: order_no = the group, seq, amount = kept["amount"].
 """
 
@@ -18,6 +19,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from onceq.effect import SqlEffect
+from onceq.ledger_rows import chunks
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry
@@ -34,8 +36,6 @@ CREATE TABLE IF NOT EXISTS processed (
 );
 """
 
-BULK_ROWS = 500  # 7 parameters each: far below SQLite's 32766 bound parameters
-
 
 def _amount(e: Entry) -> Any:
     kept = e.fields.get("kept") or {}
@@ -45,12 +45,15 @@ def _amount(e: Entry) -> Any:
 def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     """One INSERT per chunk of the entries that took effect (their dedup rows are in).
 
+    The chunks are `onceq.ledger_rows.chunks`: the won entries of a group number
+    anything (its size minus its duplicates), and a row count not seen before is a
+    statement text to parse and plan again.
+
     A plain INSERT, not ON CONFLICT DO NOTHING: a msg_id already here but not in
     `messages` is an inconsistency a person made, and the ledger refuses that one
     message (ledger-refused) instead of letting the two tables disagree silently.
     """
-    for i in range(0, len(entries), BULK_ROWS):
-        chunk = entries[i : i + BULK_ROWS]
+    for chunk in chunks(entries):
         args: list[Any] = []
         for e in chunk:
             # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref)
