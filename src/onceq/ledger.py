@@ -29,7 +29,7 @@ from onceq.effect import SqlEffect
 from onceq.errors import LedgerError, UsageError
 from onceq.ledger_db import connect, connect_or_create, deny_attach
 from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure, record_successes
-from onceq.ledger_values import is_data_error, is_utf8, text, unstorable
+from onceq.ledger_values import INT64_MAX, INT64_MIN, is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
 # The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
@@ -293,11 +293,19 @@ class Ledger:
     def _build_row(self, e: Entry, now: str) -> str:
         """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''."""
         f = e.fields
-        msg_id, grp, seq = e.delivery.msg_id, f.get("group"), f.get("seq")
-        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
-            why = unstorable(value)
-            if why:
-                return f"{name}: {why}"
+        d = e.delivery
+        msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
+        # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
+        # test or two inline; anything else gets the full check and its wording.
+        if not (
+            (msg_id.__class__ is str and msg_id.isascii())
+            and (grp is None or (grp.__class__ is str and grp.isascii()))
+            and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
+        ):
+            for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
+                why = unstorable(value)
+                if why:
+                    return f"{name}: {why}"
         kept_values = f.get("kept")
         if kept_values:
             try:
@@ -305,12 +313,15 @@ class Ledger:
                 kept = _encode_kept(kept_values)
             except (TypeError, ValueError) as exc:
                 return f"kept: {exc}"
-            if not is_utf8(kept):
+            if not (kept.isascii() or is_utf8(kept)):
                 return "kept: text with a lone surrogate"
         else:
             kept = "{}"
+        ref = d.ref
+        if not (ref.__class__ is str and ref.isascii()):
+            ref = text(ref)
         dup = 1 if f.get("partner_duplicate") else 0
-        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, text(e.delivery.ref))
+        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, ref)
         return ""
 
     def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
