@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _json_str
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,33 @@ from onceq.transport import Delivery, Kind, Settle
 # The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
 # SQLite's JSON functions would refuse the row).
 _encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def encode_kept(kept: dict[str, Any]) -> str:
+    """`kept` as stored: exactly `_encode_kept(kept)`, twice as fast for flat ones.
+
+    Per message, in the commit's thread: the encoder's own set-up (a C encoder made
+    per call, its circular-reference dict) costs more than encoding one amount. A
+    dict of str keys and finite floats, ints and strs is written here with the
+    encoder's own pieces (float.__repr__, int.__repr__, encode_basestring); anything
+    else (a nested value, None, a bool, NaN) goes to the encoder, which also raises.
+    """
+    parts = []
+    for k, v in kept.items():
+        cls = v.__class__
+        if cls is float and v - v == 0.0:  # finite: inf - inf and nan - nan are nan
+            text = float.__repr__(v)
+        elif cls is int:
+            text = int.__repr__(v)
+        elif cls is str:
+            text = _json_str(v)
+        else:
+            return _encode_kept(kept)
+        if k.__class__ is not str:
+            return _encode_kept(kept)
+        parts.append(_json_str(k) + ":" + text)
+    return "{" + ",".join(parts) + "}"
+
 
 FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_FLOW = "default"
@@ -309,8 +337,7 @@ class Ledger:
         kept_values = f.get("kept")
         if kept_values:
             try:
-                # One encoder made once: json.dumps with options builds a new one per call.
-                kept = _encode_kept(kept_values)
+                kept = encode_kept(kept_values)
             except (TypeError, ValueError) as exc:
                 return f"kept: {exc}"
             if not (kept.isascii() or is_utf8(kept)):

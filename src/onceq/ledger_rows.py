@@ -9,6 +9,7 @@ unless a crashed run already recorded this very copy (`recovered`).
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,6 +52,31 @@ _INSERT = (
 _ROW = "(?,?,?,?,?,?,?,?,?)"
 
 
+def sql_text(value: str) -> str:
+    """`value` as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+@functools.cache
+def _insert_many(rows: int, flow: str, source: str) -> str:
+    """The multi-row insert of `rows` rows (one text per size: `chunks`).
+
+    flow, processed_at and source are the same for the whole group, so each row binds
+    only its 6 own values, not 9 (binding is per value, in the thread that holds the
+    GIL against the loop): flow and source are the ledger's own (a checked flow name,
+    the transport's tag) and written as literals; processed_at is bound once as ?1.
+    ?1 comes first and every other parameter is a plain `?`: SQLite looks a numbered
+    parameter up in a list of the numbered ones, so numbering every row's values
+    would make preparing a 256-row statement quadratic.
+    """
+    row = f"(?1,{sql_text(flow)},?,?,?,?,?,{sql_text(source)},?)"
+    return (
+        "INSERT INTO messages (processed_at, flow, msg_id, grp, seq, kept, partner_duplicate,"
+        f" source, ref) VALUES {','.join([row] * rows)}"
+        " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref"
+    )
+
+
 def record_successes(
     conn: sqlite3.Connection, group: list[Entry]
 ) -> tuple[list[Entry], list[Entry]]:
@@ -70,18 +96,16 @@ def record_successes(
             for e in chunk:
                 record_success(conn, e, won, lost)
             continue
-        args: list[Any] = []
+        # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
+        # flow, at and source are the group's (`_insert_many`).
+        r = chunk[0].row
+        flow, at, source = r[0], r[6], r[7]
+        args: list[Any] = [at]
         for e in chunk:
-            args += e.row
+            r = e.row
+            args += (r[1], r[2], r[3], r[4], r[5], r[8])
         try:
-            back = set(
-                conn.execute(
-                    _INSERT
-                    + ",".join([_ROW] * len(chunk))
-                    + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref",
-                    args,
-                ).fetchall()
-            )
+            back = set(conn.execute(_insert_many(len(chunk), flow, source), args).fetchall())
         except sqlite3.Error:
             if not conn.in_transaction:
                 raise

@@ -15,11 +15,12 @@ decoder's fields: order_no = the group, seq, amount = kept["amount"].
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from onceq.effect import SqlEffect
-from onceq.ledger_rows import chunks
+from onceq.ledger_rows import chunks, sql_text
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry
@@ -37,11 +38,6 @@ CREATE TABLE IF NOT EXISTS processed (
 """
 
 
-def _amount(e: Entry) -> Any:
-    kept = e.fields.get("kept") or {}
-    return kept.get("amount")
-
-
 def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     """One INSERT per chunk of the entries that took effect (their dedup rows are in).
 
@@ -54,16 +50,25 @@ def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     message (ledger-refused) instead of letting the two tables disagree silently.
     """
     for chunk in chunks(entries):
-        args: list[Any] = []
+        # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
+        # processed_at and source are the group's (`_insert_many`).
+        r = chunk[0].row
+        args: list[Any] = [r[6]]
         for e in chunk:
-            # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref)
             r = e.row
-            args += (r[1], r[2], r[3], _amount(e), r[6], r[7], r[8])
-        tx.execute(
-            "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
-            " VALUES " + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk)),
-            args,
-        )
+            args += (r[1], r[2], r[3], (e.fields.get("kept") or {}).get("amount"), r[8])
+        tx.execute(_insert_many(len(chunk), r[7]), args)
+
+
+@functools.cache
+def _insert_many(rows: int, source: str) -> str:
+    """The insert of `rows` rows: one text per size and source, prepared once (`chunks`);
+    processed_at bound once as ?1, source a literal, as in `ledger_rows._insert_many`."""
+    row = f"(?1,{sql_text(source)},?,?,?,?,?)"
+    return (
+        "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
+        " VALUES " + ",".join([row] * rows)
+    )
 
 
 PROCESSED_TABLE = SqlEffect(function=None, setup=DDL, bulk=write_rows)

@@ -7,10 +7,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import onceq.ledger as ledger_module
 from onceq.dirq.order import DEFAULT_SQL, run_check
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.ledger import Entry, Ledger
+from onceq.ledger import Entry, Ledger, encode_kept
 from onceq.ledger_rows import chunks
 from onceq.processed_table import PROCESSED_TABLE
 from onceq.transport import Delivery, Kind, Settle
@@ -293,3 +296,40 @@ def test_order_check_reads_the_flows_own_group_and_seq(tmp_path: Path) -> None:
         assert exercise[1][0] == ("A", "repeated", 2, 2, 2, "m2 m3")
         cols, found = run_check(other, group_label="customer")
         assert cols[0] == "customer" and found == [("A", "gap", 1, 8, 8, "")]
+
+
+_kept_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6)
+    | st.sampled_from(["é", '\x00\n"\\', "\u2028", "x\ud800"])
+    | st.lists(st.integers(), max_size=2)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=4) | st.integers(), _kept_values, max_size=4))
+def test_the_fast_kept_encoding_is_the_encoders(kept: dict[object, object]) -> None:
+    """encode_kept (flat dicts by hand, for speed) writes exactly what the encoder
+    writes, and refuses exactly what it refuses (NaN, Infinity)."""
+    try:
+        want: str | type[Exception] = ledger_module._encode_kept(kept)
+    except ValueError:
+        want = ValueError
+    try:
+        got: str | type[Exception] = encode_kept(kept)  # type: ignore[arg-type]
+    except ValueError:
+        got = ValueError
+    assert got == want
+
+
+def test_a_source_with_a_quote_is_stored_as_it_is(tmp_path: Path) -> None:
+    """The group's flow and source are written into the multi-row INSERTs' text (to
+    bind 6 values a row, not 9): quoted, not pasted."""
+    with Ledger(tmp_path / "l.db", "it's'; --", sql=PROCESSED_TABLE) as ledger:
+        ledger.commit([success(f"m{i}", f"{i}.json", amount=i) for i in range(3)])
+        assert ledger.query("SELECT DISTINCT source FROM messages")[1] == [("it's'; --",)]
+        assert ledger.query("SELECT DISTINCT source FROM processed")[1] == [("it's'; --",)]
+        assert ledger.counts()["processed"] == 3
