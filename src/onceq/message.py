@@ -50,6 +50,7 @@ surrogates, at any depth.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -69,6 +70,7 @@ TYPES = ("key", "integer", "number", "string", "lenient-number")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 _ABSENT: Any = object()
+_BOM = codecs.BOM_UTF8
 Path = str | tuple[str, ...]  # one key, or the keys of a dotted path
 
 
@@ -104,6 +106,15 @@ def _is_number(v: Any) -> bool:
 
 def _is_key(v: Any) -> bool:
     return (isinstance(v, str) and bool(v.strip())) or _is_int(v)
+
+
+def _utf8_sig(body: bytes) -> str:
+    """`body.decode("utf-8-sig")`, without the codec's Python-level wrapper (per message).
+
+    The same text and the same UnicodeDecodeError (its positions count from after
+    the BOM there too).
+    """
+    return (body[3:] if body.startswith(_BOM) else body).decode("utf-8")
 
 
 def _reject(reason: str, detail: str = "") -> Outcome:
@@ -269,7 +280,7 @@ class MessageSpec:
             return _reject("too-large", f"{len(body)} bytes > {self.max_bytes}")
         if self.id_property:
             try:
-                doc = json.loads(body.decode("utf-8-sig"))
+                doc = json.loads(_utf8_sig(body))
             except (ValueError, RecursionError) as exc:
                 # ValueError covers UnicodeDecodeError, JSONDecodeError and the plain
                 # ValueError of an integer over Python's 4300-digit conversion limit.
@@ -278,7 +289,7 @@ class MessageSpec:
             if not body.strip():
                 return _reject("empty")
             try:
-                text = body.decode("utf-8-sig")
+                text = _utf8_sig(body)
             except UnicodeDecodeError as exc:
                 return _reject("encoding", f"not UTF-8 at byte {exc.start}")
             try:
