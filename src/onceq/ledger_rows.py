@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Rows per multi-row INSERT at most: 9 parameters each stays far below SQLite's limit
+# Rows per multi-row INSERT at most: 6 parameters each stays far below SQLite's limit
 # of 32766 bound parameters; one statement instead of one per message. A power of two
 # (see `chunks`).
 BULK_ROWS = 256
@@ -52,27 +52,22 @@ _INSERT = (
 _ROW = "(?,?,?,?,?,?,?,?,?)"
 
 
-def sql_text(value: str) -> str:
-    """`value` as an SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 @functools.cache
-def _insert_many(rows: int, flow: str, source: str) -> str:
+def _insert_many(rows: int) -> str:
     """The multi-row insert of `rows` rows (one text per size: `chunks`).
 
-    flow, processed_at and source are the same for the whole group, so each row binds
-    only its 6 own values, not 9 (binding is per value, in the thread that holds the
-    GIL against the loop): flow and source are the ledger's own (a checked flow name,
-    the transport's tag) and written as literals; processed_at is bound once as ?1.
-    ?1 comes first and every other parameter is a plain `?`: SQLite looks a numbered
-    parameter up in a list of the numbered ones, so numbering every row's values
-    would make preparing a 256-row statement quadratic.
+    processed_at, flow and source are the same for the whole group: bound once as
+    ?1, ?2, ?3 and named by every row, so each row binds only its 6 own values, not
+    9 (binding is per value, in the thread that holds the GIL against the loop).
+    They come first in every row, and the row's own values are plain `?` (numbered
+    on from 4): SQLite looks a numbered parameter up in a list of the numbered ones,
+    so numbering every row's values would make preparing a 256-row statement
+    quadratic; three numbered ones keep that list short.
     """
-    row = f"(?1,{sql_text(flow)},?,?,?,?,?,{sql_text(source)},?)"
+    row = "(?1,?2,?3,?,?,?,?,?,?)"
     return (
-        "INSERT INTO messages (processed_at, flow, msg_id, grp, seq, kept, partner_duplicate,"
-        f" source, ref) VALUES {','.join([row] * rows)}"
+        "INSERT INTO messages (processed_at, flow, source, msg_id, grp, seq, kept,"
+        f" partner_duplicate, ref) VALUES {','.join([row] * rows)}"
         " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref"
     )
 
@@ -97,15 +92,14 @@ def record_successes(
                 record_success(conn, e, won, lost)
             continue
         # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
-        # flow, at and source are the group's (`_insert_many`).
+        # processed_at, flow and source are the group's, bound once (`_insert_many`).
         r = chunk[0].row
-        flow, at, source = r[0], r[6], r[7]
-        args: list[Any] = [at]
+        args: list[Any] = [r[6], r[0], r[7]]
         for e in chunk:
             r = e.row
             args += (r[1], r[2], r[3], r[4], r[5], r[8])
         try:
-            back = set(conn.execute(_insert_many(len(chunk), flow, source), args).fetchall())
+            back = set(conn.execute(_insert_many(len(chunk)), args).fetchall())
         except sqlite3.Error:
             if not conn.in_transaction:
                 raise

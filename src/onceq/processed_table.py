@@ -20,7 +20,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from onceq.effect import SqlEffect
-from onceq.ledger_rows import chunks, sql_text
+from onceq.ledger_rows import chunks
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry
@@ -51,20 +51,20 @@ def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     """
     for chunk in chunks(entries):
         # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
-        # processed_at and source are the group's (`_insert_many`).
+        # processed_at and source are the group's, bound once (`_insert_many`).
         r = chunk[0].row
-        args: list[Any] = [r[6]]
+        args: list[Any] = [r[6], r[7]]
         for e in chunk:
             r = e.row
             args += (r[1], r[2], r[3], (e.fields.get("kept") or {}).get("amount"), r[8])
-        tx.execute(_insert_many(len(chunk), r[7]), args)
+        tx.execute(_insert_many(len(chunk)), args)
 
 
 @functools.cache
-def _insert_many(rows: int, source: str) -> str:
-    """The insert of `rows` rows: one text per size and source, prepared once (`chunks`);
-    processed_at bound once as ?1, source a literal, as in `ledger_rows._insert_many`."""
-    row = f"(?1,{sql_text(source)},?,?,?,?,?)"
+def _insert_many(rows: int) -> str:
+    """The insert of `rows` rows: one text per size, prepared once (`chunks`);
+    processed_at and source bound once as ?1 and ?2, as in `ledger_rows._insert_many`."""
+    row = "(?1,?2,?,?,?,?,?)"
     return (
         "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
         " VALUES " + ",".join([row] * rows)

@@ -326,8 +326,8 @@ def test_the_fast_kept_encoding_is_the_encoders(kept: dict[object, object]) -> N
 
 
 def test_a_source_with_a_quote_is_stored_as_it_is(tmp_path: Path) -> None:
-    """The group's flow and source are written into the multi-row INSERTs' text (to
-    bind 6 values a row, not 9): quoted, not pasted."""
+    """The group's flow and source are bound once per multi-row INSERT (to bind 6
+    values a row, not 9), never pasted into its text."""
     with Ledger(tmp_path / "l.db", "it's'; --", sql=PROCESSED_TABLE) as ledger:
         ledger.commit([success(f"m{i}", f"{i}.json", amount=i) for i in range(3)])
         assert ledger.query("SELECT DISTINCT source FROM messages")[1] == [("it's'; --",)]
