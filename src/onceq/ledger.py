@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _json_str
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,39 @@ from onceq.effect import SqlEffect
 from onceq.errors import LedgerError, UsageError
 from onceq.ledger_db import connect, connect_or_create, deny_attach
 from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure, record_successes
-from onceq.ledger_values import is_data_error, is_utf8, text, unstorable
+from onceq.ledger_values import INT64_MAX, INT64_MIN, is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
 
 # The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
 # SQLite's JSON functions would refuse the row).
 _encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def encode_kept(kept: dict[str, Any]) -> str:
+    """`kept` as stored: exactly `_encode_kept(kept)`, twice as fast for flat ones.
+
+    Per message, in the commit's thread: the encoder's own set-up (a C encoder made
+    per call, its circular-reference dict) costs more than encoding one amount. A
+    dict of str keys and finite floats, ints and strs is written here with the
+    encoder's own pieces (float.__repr__, int.__repr__, encode_basestring); anything
+    else (a nested value, None, a bool, NaN) goes to the encoder, which also raises.
+    """
+    parts = []
+    for k, v in kept.items():
+        cls = v.__class__
+        if cls is float and v - v == 0.0:  # finite: inf - inf and nan - nan are nan
+            text = float.__repr__(v)
+        elif cls is int:
+            text = int.__repr__(v)
+        elif cls is str:
+            text = _json_str(v)
+        else:
+            return _encode_kept(kept)
+        if k.__class__ is not str:
+            return _encode_kept(kept)
+        parts.append(_json_str(k) + ":" + text)
+    return "{" + ",".join(parts) + "}"
+
 
 FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_FLOW = "default"
@@ -293,24 +321,34 @@ class Ledger:
     def _build_row(self, e: Entry, now: str) -> str:
         """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''."""
         f = e.fields
-        msg_id, grp, seq = e.delivery.msg_id, f.get("group"), f.get("seq")
-        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
-            why = unstorable(value)
-            if why:
-                return f"{name}: {why}"
+        d = e.delivery
+        msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
+        # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
+        # test or two inline; anything else gets the full check and its wording.
+        if not (
+            (msg_id.__class__ is str and msg_id.isascii())
+            and (grp is None or (grp.__class__ is str and grp.isascii()))
+            and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
+        ):
+            for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
+                why = unstorable(value)
+                if why:
+                    return f"{name}: {why}"
         kept_values = f.get("kept")
         if kept_values:
             try:
-                # One encoder made once: json.dumps with options builds a new one per call.
-                kept = _encode_kept(kept_values)
+                kept = encode_kept(kept_values)
             except (TypeError, ValueError) as exc:
                 return f"kept: {exc}"
-            if not is_utf8(kept):
+            if not (kept.isascii() or is_utf8(kept)):
                 return "kept: text with a lone surrogate"
         else:
             kept = "{}"
+        ref = d.ref
+        if not (ref.__class__ is str and ref.isascii()):
+            ref = text(ref)
         dup = 1 if f.get("partner_duplicate") else 0
-        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, text(e.delivery.ref))
+        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, ref)
         return ""
 
     def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:

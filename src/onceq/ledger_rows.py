@@ -9,8 +9,10 @@ unless a crashed run already recorded this very copy (`recovered`).
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceq.ledger_values import text
 from onceq.transport import Kind, Settle
@@ -18,15 +20,56 @@ from onceq.transport import Kind, Settle
 if TYPE_CHECKING:
     from onceq.ledger import Entry
 
-# Rows per multi-row INSERT: 9 parameters each stays far below SQLite's limit of
-# 32766 bound parameters; one statement instead of one per message.
-BULK_ROWS = 500
+T = TypeVar("T")
+
+# Rows per multi-row INSERT at most: 6 parameters each stays far below SQLite's limit
+# of 32766 bound parameters; one statement instead of one per message. A power of two
+# (see `chunks`).
+BULK_ROWS = 256
+
+
+def chunks(items: Sequence[T], limit: int = BULK_ROWS) -> Iterator[Sequence[T]]:
+    """`items` in slices whose sizes are powers of two, largest first, each <= limit.
+
+    Why not plain slices of `limit`: a multi-row INSERT's text depends on its row
+    count, and a text the connection's statement cache has not seen is parsed and
+    planned again (for 256 rows, as much work as inserting them). Groups vary in size
+    (what is pending when the committer wakes, minus the duplicates for the presets'
+    second table), so plain slices meant a new statement almost every group; powers
+    of two give at most log2(limit) + 1 texts per table, each prepared once per run.
+    """
+    i, n = 0, len(items)
+    while i < n:
+        size = min(limit, 1 << ((n - i).bit_length() - 1))
+        yield items[i : i + size]
+        i += size
+
 
 _INSERT = (
     "INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at,"
     " source, ref) VALUES "
 )
 _ROW = "(?,?,?,?,?,?,?,?,?)"
+
+
+@functools.cache
+def _insert_many(rows: int) -> str:
+    """The multi-row insert of `rows` rows (one text per size: `chunks`).
+
+    processed_at, flow and source are the same for the whole group: bound once as
+    ?1, ?2, ?3 and named by every row, so each row binds only its 6 own values, not
+    9 (binding is per value, in the thread that holds the GIL against the loop).
+    They come first in every row, and the row's own values are plain `?` (numbered
+    on from 4): SQLite looks a numbered parameter up in a list of the numbered ones,
+    so numbering every row's values would make preparing a 256-row statement
+    quadratic; three numbered ones keep that list short.
+    """
+    row = "(?1,?2,?3,?,?,?,?,?,?)"
+    return (
+        "INSERT INTO messages (processed_at, flow, source, msg_id, grp, seq, kept,"
+        f" partner_duplicate, ref) VALUES {','.join([row] * rows)}"
+        " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref"
+    )
 
 
 def record_successes(
@@ -42,25 +85,21 @@ def record_successes(
     """
     won: list[Entry] = []
     lost: list[Entry] = []
-    for i in range(0, len(group), BULK_ROWS):
-        chunk = group[i : i + BULK_ROWS]
+    for chunk in chunks(group):
         keys = [(e.row[1], e.row[8]) for e in chunk]
         if len(set(keys)) < len(keys):
             for e in chunk:
                 record_success(conn, e, won, lost)
             continue
-        args: list[Any] = []
+        # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
+        # processed_at, flow and source are the group's, bound once (`_insert_many`).
+        r = chunk[0].row
+        args: list[Any] = [r[6], r[0], r[7]]
         for e in chunk:
-            args += e.row
+            r = e.row
+            args += (r[1], r[2], r[3], r[4], r[5], r[8])
         try:
-            back = set(
-                conn.execute(
-                    _INSERT
-                    + ",".join([_ROW] * len(chunk))
-                    + " ON CONFLICT(flow, msg_id) DO NOTHING RETURNING msg_id, ref",
-                    args,
-                ).fetchall()
-            )
+            back = set(conn.execute(_insert_many(len(chunk)), args).fetchall())
         except sqlite3.Error:
             if not conn.in_transaction:
                 raise

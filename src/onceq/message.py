@@ -50,6 +50,7 @@ surrogates, at any depth.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -59,7 +60,7 @@ from typing import Any
 
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
-from onceq.ledger_values import fits_int64, is_utf8
+from onceq.ledger_values import INT64_MAX, INT64_MIN, fits_int64, is_utf8
 from onceq.transport import Delivery, Kind
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -69,6 +70,7 @@ TYPES = ("key", "integer", "number", "string", "lenient-number")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 _ABSENT: Any = object()
+_BOM = codecs.BOM_UTF8
 Path = str | tuple[str, ...]  # one key, or the keys of a dotted path
 
 
@@ -106,6 +108,15 @@ def _is_key(v: Any) -> bool:
     return (isinstance(v, str) and bool(v.strip())) or _is_int(v)
 
 
+def _utf8_sig(body: bytes) -> str:
+    """`body.decode("utf-8-sig")`, without the codec's Python-level wrapper (per message).
+
+    The same text and the same UnicodeDecodeError (its positions count from after
+    the BOM there too).
+    """
+    return (body[3:] if body.startswith(_BOM) else body).decode("utf-8")
+
+
 def _reject(reason: str, detail: str = "") -> Outcome:
     return Outcome(Kind.REJECTED, reason, detail)
 
@@ -121,6 +132,14 @@ def _unstorable(value: Any) -> str | None:
     A walk with a stack, not recursion: a value nested as deeply as json.loads allows
     would otherwise raise RecursionError here, with the loop's frames on top.
     """
+    cls = value.__class__
+    # The usual kept value is one scalar: judged here, without the walk's list.
+    if cls is float:
+        return None if math.isfinite(value) else "must be a finite number"
+    if cls is str:
+        return None if is_utf8(value) else "holds a lone surrogate"
+    if cls is int:
+        return None if fits_int64(value) else "is outside the 64-bit integer range"
     stack = [value]
     while stack:
         v = stack.pop()
@@ -143,6 +162,46 @@ def _unstorable(value: Any) -> str | None:
         else:
             stack.extend(v)
     return None
+
+
+# One function per `types` rule: the first problem of `value` under it, or None. The
+# spec resolves each rule to its function once, so decode does no lookup by name.
+def _bad_id(name: str, value: Any) -> str | None:
+    if not _is_key(value):
+        return f"{name} must be a non-empty string or an integer"
+    if isinstance(value, str) and CONTROL_CHARS.search(value):
+        return f"{name} holds a control character"
+    return None
+
+
+def _bad_key(name: str, value: Any) -> str | None:
+    return None if _is_key(value) else f"{name} must be a non-empty string or an integer"
+
+
+def _bad_integer(name: str, value: Any) -> str | None:
+    return None if _is_int(value) else f"{name} must be an integer"
+
+
+def _bad_number(name: str, value: Any) -> str | None:
+    return None if _is_number(value) else f"{name} must be a finite number"
+
+
+def _bad_string(name: str, value: Any) -> str | None:
+    return None if isinstance(value, str) else f"{name} must be a string"
+
+
+def _any(name: str, value: Any) -> str | None:
+    return None
+
+
+_RULES = {
+    "id": _bad_id,
+    "key": _bad_key,
+    "integer": _bad_integer,
+    "number": _bad_number,
+    "string": _bad_string,
+    "lenient-number": _any,
+}
 
 
 @dataclass(frozen=True)
@@ -184,15 +243,16 @@ class MessageSpec:
                 checks.append((name, _split(name, "types"), rule))
         if self.seq_field is not None and self.seq_field not in self.types:
             checks.append((self.seq_field, _split(self.seq_field, "seq_field"), "integer"))
-        ranged = [(n, p) for n, p, r in checks if r in ("integer", "number")]
+        # (name, path, rule's function, range-checked): the range of an integer is
+        # looked at only after every type passed (a type problem is reported first).
+        plan = [(n, p, _RULES[r], r in ("integer", "number")) for n, p, r in checks]
         keep = [(n, _split(n, "keep"), self.types.get(n) == "lenient-number") for n in self.keep]
         group = None if self.group_field is None else _split(self.group_field, "group_field")
         seq = None if self.seq_field is None else _split(self.seq_field, "seq_field")
         required = [(n, _split(n, "required")) for n in self.required]
         object.__setattr__(self, "_id", idp)
         object.__setattr__(self, "_required", required)
-        object.__setattr__(self, "_checks", checks)
-        object.__setattr__(self, "_ranged", ranged)
+        object.__setattr__(self, "_checks", plan)
         object.__setattr__(self, "_keep", keep)
         object.__setattr__(self, "_group", group)
         object.__setattr__(self, "_seq", seq)
@@ -220,7 +280,7 @@ class MessageSpec:
             return _reject("too-large", f"{len(body)} bytes > {self.max_bytes}")
         if self.id_property:
             try:
-                doc = json.loads(body.decode("utf-8-sig"))
+                doc = json.loads(_utf8_sig(body))
             except (ValueError, RecursionError) as exc:
                 # ValueError covers UnicodeDecodeError, JSONDecodeError and the plain
                 # ValueError of an integer over Python's 4300-digit conversion limit.
@@ -229,7 +289,7 @@ class MessageSpec:
             if not body.strip():
                 return _reject("empty")
             try:
-                text = body.decode("utf-8-sig")
+                text = _utf8_sig(body)
             except UnicodeDecodeError as exc:
                 return _reject("encoding", f"not UTF-8 at byte {exc.start}")
             try:
@@ -269,13 +329,17 @@ class MessageSpec:
             if isinstance(got, Outcome):
                 return got
             msg_id = got
-        missing = [
-            n
-            for n, p in self._required
-            if (doc.get(p, _ABSENT) if p.__class__ is str else get_path(doc, p)) in (None, _ABSENT)
-        ]  # type: ignore[attr-defined]
-        if missing:
-            return _reject("missing-field", ",".join(missing))
+        for _, p in self._required:  # type: ignore[attr-defined]
+            value = doc.get(p, _ABSENT) if p.__class__ is str else get_path(doc, p)
+            if value is None or value is _ABSENT:
+                # Rare: only now the list of every missing field, for the detail.
+                missing = [
+                    n
+                    for n, q in self._required  # type: ignore[attr-defined]
+                    if (doc.get(q, _ABSENT) if q.__class__ is str else get_path(doc, q))
+                    in (None, _ABSENT)
+                ]
+                return _reject("missing-field", ",".join(missing))
         problem = self._check_types(doc)
         if problem:
             return _reject("bad-type", problem)
@@ -342,33 +406,25 @@ class MessageSpec:
 
     def _check_types(self, doc: dict[str, Any]) -> str | None:
         """The first type problem, as a detail string, or None (types, then ranges)."""
-        for name, path, rule in self._checks:  # type: ignore[attr-defined]
+        out_of_range = None
+        for name, path, bad, ranged in self._checks:  # type: ignore[attr-defined]
             value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if value is _ABSENT:
                 continue
-            if rule == "id":
-                if not _is_key(value):
-                    return f"{name} must be a non-empty string or an integer"
-                if isinstance(value, str) and CONTROL_CHARS.search(value):
-                    return f"{name} holds a control character"
-            elif rule == "key":
-                if not _is_key(value):
-                    return f"{name} must be a non-empty string or an integer"
-            elif rule == "integer":
-                if not _is_int(value):
-                    return f"{name} must be an integer"
-            elif rule == "number":
-                if not _is_number(value):
-                    return f"{name} must be a finite number"
-            elif rule == "string" and not isinstance(value, str):
-                return f"{name} must be a string"
-        # Valid JSON, but more than SQLite's INTEGER holds: found here, it is this
-        # message's verdict; found at the commit, an OverflowError for the whole group.
-        for name, path in self._ranged:  # type: ignore[attr-defined]
-            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
-            if _is_int(value) and not fits_int64(value):
-                return f"{name} is outside the 64-bit integer range"
-        return None
+            problem = bad(name, value)
+            if problem:
+                return problem
+            # Valid JSON, but more than SQLite's INTEGER holds: found here, it is this
+            # message's verdict; found at the commit, an OverflowError for the whole
+            # group. Reported after every type check, in the order of the checks.
+            if (
+                ranged
+                and out_of_range is None
+                and value.__class__ is int
+                and not INT64_MIN <= value <= INT64_MAX
+            ):
+                out_of_range = f"{name} is outside the 64-bit integer range"
+        return out_of_range
 
     def _check_text(self, doc: dict[str, Any], group: str | None) -> str | None:
         """The id or group that is not storable UTF-8 (a lone surrogate), or None.

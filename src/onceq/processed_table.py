@@ -7,17 +7,20 @@ ledger's own transaction: its row and the dedup row commit together or not at al
 exactly like a user's SQL effect. The DDL is 0.1.0's, word for word, so
 `.schema processed` prints what it always printed.
 
-It is a bulk effect: one multi-row INSERT per group (per 500 rows), so the presets
-pay one statement per group for it, not one per message. Its columns come from the
+It is a bulk effect: a few multi-row INSERTs per group (`onceq.ledger_rows.chunks`:
+powers of two, so each statement text is prepared once per run), so the presets pay
+a handful of statements per group for it, not one per message. Its columns come from the
 decoder's fields: order_no = the group, seq, amount = kept["amount"].
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from onceq.effect import SqlEffect
+from onceq.ledger_rows import chunks
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry
@@ -34,33 +37,38 @@ CREATE TABLE IF NOT EXISTS processed (
 );
 """
 
-BULK_ROWS = 500  # 7 parameters each: far below SQLite's 32766 bound parameters
-
-
-def _amount(e: Entry) -> Any:
-    kept = e.fields.get("kept") or {}
-    return kept.get("amount")
-
 
 def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     """One INSERT per chunk of the entries that took effect (their dedup rows are in).
+
+    The chunks are `onceq.ledger_rows.chunks`: the won entries of a group number
+    anything (its size minus its duplicates), and a row count not seen before is a
+    statement text to parse and plan again.
 
     A plain INSERT, not ON CONFLICT DO NOTHING: a msg_id already here but not in
     `messages` is an inconsistency a person made, and the ledger refuses that one
     message (ledger-refused) instead of letting the two tables disagree silently.
     """
-    for i in range(0, len(entries), BULK_ROWS):
-        chunk = entries[i : i + BULK_ROWS]
-        args: list[Any] = []
+    for chunk in chunks(entries):
+        # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
+        # processed_at and source are the group's, bound once (`_insert_many`).
+        r = chunk[0].row
+        args: list[Any] = [r[6], r[7]]
         for e in chunk:
-            # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref)
             r = e.row
-            args += (r[1], r[2], r[3], _amount(e), r[6], r[7], r[8])
-        tx.execute(
-            "INSERT INTO processed (msg_id, order_no, seq, amount, processed_at, source, ref)"
-            " VALUES " + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk)),
-            args,
-        )
+            args += (r[1], r[2], r[3], (e.fields.get("kept") or {}).get("amount"), r[8])
+        tx.execute(_insert_many(len(chunk)), args)
+
+
+@functools.cache
+def _insert_many(rows: int) -> str:
+    """The insert of `rows` rows: one text per size, prepared once (`chunks`);
+    processed_at and source bound once as ?1 and ?2, as in `ledger_rows._insert_many`."""
+    row = "(?1,?2,?,?,?,?,?)"
+    return (
+        "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
+        " VALUES " + ",".join([row] * rows)
+    )
 
 
 PROCESSED_TABLE = SqlEffect(function=None, setup=DDL, bulk=write_rows)

@@ -7,10 +7,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import onceq.ledger as ledger_module
 from onceq.dirq.order import DEFAULT_SQL, run_check
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.ledger import Entry, Ledger
+from onceq.ledger import Entry, Ledger, encode_kept
+from onceq.ledger_rows import chunks
 from onceq.processed_table import PROCESSED_TABLE
 from onceq.transport import Delivery, Kind, Settle
 
@@ -251,16 +255,33 @@ def test_a_newer_schema_is_refused_unchanged(tmp_path: Path) -> None:
     assert path.read_bytes() == before
 
 
-def test_the_preset_table_costs_one_statement_per_group(tmp_path: Path) -> None:
-    """One multi-row INSERT for messages and one for processed, whatever the group size."""
+def test_the_preset_table_costs_a_few_statements_per_group(tmp_path: Path) -> None:
+    """Multi-row INSERTs for messages and processed, in power-of-two chunks: a group of
+    300 is 256+32+8+4 rows per table, not 300 statements."""
     with Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE) as ledger:
         seen: list[str] = []
         ledger._write.set_trace_callback(seen.append)
         ledger.commit([success(f"m{i}", f"{i}.json", amount=i) for i in range(300)])
         ledger._write.set_trace_callback(None)
         inserts = [s for s in seen if s.lstrip().upper().startswith("INSERT")]
-        assert [s.split("(")[0].split()[-1] for s in inserts] == ["messages", "processed"]
+        tables = [s.split("(")[0].split()[-1] for s in inserts]
+        assert tables == ["messages"] * 4 + ["processed"] * 4
+        rows = [s.count("),(") + 1 for s in inserts]  # the trace has the values bound
+        assert rows == [256, 32, 8, 4] * 2
         assert ledger.query("SELECT count(*), sum(amount) FROM processed")[1] == [(300, 44850.0)]
+
+
+def test_groups_of_any_size_reuse_a_few_statement_texts() -> None:
+    """A multi-row INSERT whose text the connection has not seen is parsed and planned
+    again (for 256 rows, about as costly as inserting them). Groups come in every size
+    (and the processed insert is a group minus its duplicates), so the chunks of any
+    size are powers of two: at most 9 texts per table, each prepared once per run."""
+    sizes = set()
+    for n in range(0, 1100):
+        got = [len(c) for c in chunks(list(range(n)))]
+        assert sum(got) == n and got == sorted(got, reverse=True)
+        sizes.update(got)
+    assert sizes == {1, 2, 4, 8, 16, 32, 64, 128, 256}
 
 
 def test_order_check_reads_the_flows_own_group_and_seq(tmp_path: Path) -> None:
@@ -275,3 +296,40 @@ def test_order_check_reads_the_flows_own_group_and_seq(tmp_path: Path) -> None:
         assert exercise[1][0] == ("A", "repeated", 2, 2, 2, "m2 m3")
         cols, found = run_check(other, group_label="customer")
         assert cols[0] == "customer" and found == [("A", "gap", 1, 8, 8, "")]
+
+
+_kept_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6)
+    | st.sampled_from(["é", '\x00\n"\\', "\u2028", "x\ud800"])
+    | st.lists(st.integers(), max_size=2)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=4) | st.integers(), _kept_values, max_size=4))
+def test_the_fast_kept_encoding_is_the_encoders(kept: dict[object, object]) -> None:
+    """encode_kept (flat dicts by hand, for speed) writes exactly what the encoder
+    writes, and refuses exactly what it refuses (NaN, Infinity)."""
+    try:
+        want: str | type[Exception] = ledger_module._encode_kept(kept)
+    except ValueError:
+        want = ValueError
+    try:
+        got: str | type[Exception] = encode_kept(kept)  # type: ignore[arg-type]
+    except ValueError:
+        got = ValueError
+    assert got == want
+
+
+def test_a_source_with_a_quote_is_stored_as_it_is(tmp_path: Path) -> None:
+    """The group's flow and source are bound once per multi-row INSERT (to bind 6
+    values a row, not 9), never pasted into its text."""
+    with Ledger(tmp_path / "l.db", "it's'; --", sql=PROCESSED_TABLE) as ledger:
+        ledger.commit([success(f"m{i}", f"{i}.json", amount=i) for i in range(3)])
+        assert ledger.query("SELECT DISTINCT source FROM messages")[1] == [("it's'; --",)]
+        assert ledger.query("SELECT DISTINCT source FROM processed")[1] == [("it's'; --",)]
+        assert ledger.counts()["processed"] == 3

@@ -344,3 +344,21 @@ def test_a_spec_is_a_value_hashable_and_not_changed_by_its_caller_s_dict() -> No
     assert _decode(spec, {"msg_id": "1", "a": "x"})[1].reason == "bad-type"
     assert hash(ORDERS) == hash(OrdersSpec()) and {ORDERS: 1}[OrdersSpec()] == 1
     assert MessageSpec(types={"a": "key"}) == MessageSpec(types={"a": "key"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([b"", b"\xef\xbb\xbf", b"\xef\xbb", b"\xef\xbb\xbf\xef\xbb\xbf"]),
+    st.binary(max_size=8),
+)
+def test_the_bom_strip_is_the_utf8_sig_codec(prefix: bytes, rest: bytes) -> None:
+    """decode's own BOM strip gives what bytes.decode("utf-8-sig") gives, errors too."""
+    from onceq.message import _utf8_sig
+
+    def outcome(f: Any) -> Any:
+        try:
+            return f(prefix + rest)
+        except UnicodeDecodeError as exc:
+            return (exc.start, exc.end, exc.reason, str(exc))
+
+    assert outcome(_utf8_sig) == outcome(lambda b: b.decode("utf-8-sig"))
