@@ -170,9 +170,17 @@ def record_duplicate(conn: sqlite3.Connection, flow: str, source: str, e: Entry,
     row = conn.execute(
         "SELECT ref, source FROM messages WHERE flow = ? AND msg_id = ?", (flow, d.msg_id)
     ).fetchone()
-    if d.stable_ref and row is not None and row[0] == text(d.ref) and row[1] == source:
-        # The row names this very file: we crashed after the commit and before the
-        # move. It is finished work, not a duplicate.
+    if (
+        d.stable_ref
+        and d.redelivered
+        and row is not None
+        and row[0] == text(d.ref)
+        and row[1] == source
+    ):
+        # The row names this very copy, taken over from a dead consumer (or redelivered
+        # by the broker): we crashed after the commit and before the move/ack. It is
+        # finished work, not a duplicate. A NEW copy that only shares the name (a file
+        # re-sent as msg-001.json again) was never claimed before: it is a duplicate.
         e.recovered = True
         return
     new = conn.execute(

@@ -80,3 +80,16 @@ def test_a_bad_flow_name_is_refused_and_changes_nothing(tmp_path: Path) -> None:
         assert r.returncode == 2, (argv, r.returncode, r.stderr)
         assert r.stderr.startswith("onceq: ") and r.stderr.count("\n") == 1, r.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_a_file_sent_again_under_its_old_name_is_a_duplicate(tmp_path: Path) -> None:
+    """Not 'recovered': that word is for a copy a dead consumer had claimed and committed."""
+    q = _queue(tmp_path)
+    (q / "inbox" / "m-0.json").write_text(json.dumps({"id": "s-1", "box": "B1", "n": 1}))
+    r = run_cli("dirq", "consume", str(q), "--flow", "ship", "--id-field", "id", "--json")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)
+    assert (stats["duplicates"], stats["recovered"]) == (1, 0), stats
+    assert run_cli("dirq", "report", str(q), "--flow", "ship").returncode == 0
+    assert (q / "dup.txt").read_text() == "s-1\n"
+    assert (q / "done" / "m-0.json.1").exists()  # the first m-0.json stays in done/ too

@@ -83,10 +83,21 @@ def test_duplicates_are_recorded_once_per_copy(tmp_path: Path) -> None:
 def test_a_copy_whose_row_names_it_is_recovered_not_duplicate(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as ledger:
         ledger.commit([success("m1", "a.json")])
-        e = Entry(Delivery(b"{}", "a.json", "m1", stable_ref=True), Kind.DUPLICATE, Settle.ACK)
+        d = Delivery(b"{}", "a.json", "m1", stable_ref=True, redelivered=True)
+        e = Entry(d, Kind.DUPLICATE, Settle.ACK)
         ledger.commit([e])
         assert e.recovered
         assert ledger.duplicate_ids() == []
+
+
+def test_a_new_copy_that_only_shares_the_name_is_a_duplicate(tmp_path: Path) -> None:
+    """A file re-sent under the same name was never claimed before: not recovered."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.commit([success("m1", "a.json")])
+        e = Entry(Delivery(b"{}", "a.json", "m1", stable_ref=True), Kind.DUPLICATE, Settle.ACK)
+        ledger.commit([e])
+        assert not e.recovered
+        assert ledger.duplicate_ids() == ["m1"]
 
 
 def test_unstable_refs_never_count_as_recovered(tmp_path: Path) -> None:
