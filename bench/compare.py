@@ -32,7 +32,7 @@ CHILD = (
     "import json, sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
     "module = __import__(sys.argv[2])\n"
-    "result = getattr(module, sys.argv[3])(*json.loads(sys.argv[4]))\n"
+    "result = getattr(module, sys.argv[3])(*json.loads(sys.stdin.read()))\n"
     f"print({MARK!r} + json.dumps(result), flush=True)\n"
 )
 
@@ -72,8 +72,10 @@ class Checkout:
     def call(self, module: str, function: str, *args: Any, timeout: float = 600) -> Any:
         """`module.function(*args)` from bench/, run with this checkout's onceq; its JSON result."""
         done = subprocess.run(
-            [self.python, "-c", CHILD, str(BENCH), module, function, json.dumps(args)],
-            capture_output=True, text=True, env=self.env(), timeout=timeout, check=False,
+            # The arguments go through stdin: 5,000 file paths exceed the kernel's argv limit.
+            [self.python, "-c", CHILD, str(BENCH), module, function],
+            input=json.dumps(args), capture_output=True, text=True, env=self.env(),
+            timeout=timeout, check=False,
         )  # fmt: skip
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith(MARK)]
         if done.returncode != 0 or not lines:
