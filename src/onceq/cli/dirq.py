@@ -17,7 +17,7 @@ from onceq.cli.dirq_results import (
     report,
     schema,
 )
-from onceq.cli.flow_options import flow_options
+from onceq.cli.flow_options import flow_name_option, flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 
 if TYPE_CHECKING:
@@ -227,14 +227,7 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
 @click.argument("qdir", type=QDIR)
 @click.argument("file")
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@click.option(
-    "--flow",
-    "flow_name",
-    default="default",
-    show_default=True,
-    metavar="NAME",
-    help="The flow that quarantined FILE (its replay is recorded under that flow).",
-)
+@flow_name_option("The flow that quarantined FILE (its replay is recorded under that flow).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def replay(qdir: Path, file: str, db: Path | None, flow_name: str, as_json: bool) -> None:
     """Move error/FILE back to inbox/FILE and record the replay in the ledger.

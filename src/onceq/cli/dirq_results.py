@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
@@ -20,6 +21,7 @@ QDIR = click.Path(path_type=Path)
 NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
 DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
 DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
+READ_FLOW_HELP = "The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME])."
 
 
 def parse_required(value: str) -> tuple[str, ...]:
@@ -109,14 +111,7 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write the result here: `OK`, or a header line and CSV rows.",
 )
-@click.option(
-    "--flow",
-    "flow_name",
-    default="default",
-    show_default=True,
-    metavar="NAME",
-    help="The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME]).",
-)
+@flow_name_option(READ_FLOW_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def order_check(
     qdir: Path | None,
@@ -178,14 +173,7 @@ def order_check(
 @click.command()
 @click.argument("qdir", type=QDIR)
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@click.option(
-    "--flow",
-    "flow_name",
-    default="default",
-    show_default=True,
-    metavar="NAME",
-    help="The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME]).",
-)
+@flow_name_option(READ_FLOW_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
     """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.

@@ -40,19 +40,20 @@ def _fields(value: str | None, flag: str) -> tuple[str, ...] | None:
     return fields
 
 
+def flow_name_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--flow NAME (default `default`): the one spelling of a flow's name on every command
+    that reads or writes one flow's rows (consume, order-check, report, replay)."""
+    return click.option(
+        "--flow", "flow_name", metavar="NAME", default="default", show_default=True, help=help
+    )
+
+
 def flow_options(*, timeout: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the spec and HTTP flags; `timeout=False` when the command has its own --timeout."""
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         opts = [
-            click.option(
-                "--flow",
-                "flow_name",
-                metavar="NAME",
-                default="default",
-                show_default=True,
-                help="The flow's name in the ledger: ids are deduplicated per flow.",
-            ),
+            flow_name_option("The flow's name in the ledger: ids are deduplicated per flow."),
             click.option(
                 "--id-field",
                 metavar="PATH",
