@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onceq.amqp.handler import CONTROL_CHARS
 from onceq.amqp.topology import EXCHANGE, ROUTING_KEY, name_problem
 from onceq.amqp.transport import COPY_HEADER
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import BadMessage, NotFound, Unroutable, UsageError
 from onceq.ledger_values import is_utf8
-from onceq.message import _split, get_path
+from onceq.message import CONTROL_CHARS, _split, get_path
 
 # Confirms outstanding at once: enough to keep the socket busy while the broker
 # fsyncs persistent messages, bounded so memory and the loss window stay small.
