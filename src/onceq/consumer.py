@@ -36,7 +36,8 @@ from typing import Any
 from onceq import faults
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
-from onceq.transport import Delivery, Kind, Settle, Transport, decide
+from onceq.retry import BreakerPolicy, RetryPolicy
+from onceq.transport import Delivery, Kind, Settle, Transport
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class Outcome:
     reason: str = ""
     detail: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
+    # Seconds the partner asked us to wait (Retry-After on a 429/503, `Retry(after=…)`):
+    # the retry policy picks a delay at least that long.
+    retry_after: float | None = None
 
 
 # A decoder reads a delivery, sets `delivery.msg_id`, and returns the fields to record
@@ -72,6 +76,7 @@ COUNTS = (
     "partner_duplicates",
     "recovered",
     "requeued",
+    "held",
     "dead",
 )
 
@@ -96,7 +101,8 @@ class Stats:
     # re-sent what a partner held does not read as one that created everything.
     partner_duplicates: int = 0
     recovered: int = 0  # committed by a crashed run; only the settle was redone
-    requeued: int = 0
+    requeued: int = 0  # retried: at once (requeue) or after a delay (a retry tier)
+    held: int = 0  # given back untried while the breaker was open (no attempt spent)
     dead: int = 0
     reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
     requeued_reasons: Counter[str] = field(default_factory=Counter)
@@ -112,7 +118,9 @@ class Stats:
                 self.processed += 1
         elif e.kind is Kind.DUPLICATE:
             self.duplicates += 1
-        elif e.settle is Settle.REQUEUE:
+        elif e.settle is Settle.RELEASE:
+            self.held += 1
+        elif e.settle in (Settle.REQUEUE, Settle.DELAY):
             self.requeued += 1
             self.requeued_reasons[e.reason] += 1
         else:
@@ -142,7 +150,7 @@ class Stats:
         for k in COUNTS:
             key = self.dead_word if k == "dead" else k
             # .get: a report of an older onceq (no partner_duplicates) still merges.
-            setattr(self, k, getattr(self, k) + d.get(key, 0))
+            setattr(self, k, getattr(self, k) + d.get(key, 0))  # .get: an older report
         self.reasons.update(d["reasons"])
         self.requeued_reasons.update(d["requeued_reasons"])
 
@@ -178,18 +186,25 @@ class Consumer:
         max_group: int = 512,
         max_attempts: int | None = None,
         on_settled: Callable[[Sequence[Entry]], None] | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         self.transport = transport
         self.ledger = ledger
         self.decode = decode
         self.handler = handler
         self.max_group = max_group
-        # Tries before a transient failure is dead. The transport knows what it can do:
-        # a queue that cannot redeliver (the directory queue: 1) must not count a
-        # failure as "requeued" while the file is quarantined; a broker retries once.
-        self.max_attempts = (
-            max_attempts if max_attempts is not None else getattr(transport, "max_attempts", 2)
-        )
+        # What a transient failure leads to. Without a policy, `max_attempts` tries
+        # with no delay between them (the exercises' rule: 2); the transport may say
+        # what it can do (`transport.max_attempts`).
+        if retry is None:
+            tries = (
+                max_attempts if max_attempts is not None else getattr(transport, "max_attempts", 2)
+            )
+            retry = RetryPolicy(immediate=max(tries, 1) - 1, delays=())
+        self.retry = retry
+        self.max_attempts = retry.max_attempts
+        self.breaker_policy = breaker if breaker is not None else BreakerPolicy.off()
         self.on_settled = on_settled
         self.stats = Stats()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -351,9 +366,17 @@ class Consumer:
         attempt = 1
         if o.kind in (Kind.REJECTED, Kind.TRANSIENT) and d.msg_id is not None:
             attempt = self.ledger.failed_attempts(d.msg_id) + 1
-        settle = decide(o.kind, d.redelivered, attempt, self.max_attempts)
+        settle, d.delay = self.retry.decide(o.kind, attempt, o.retry_after)
         return Entry(
-            d, o.kind, settle, o.reason, o.detail, attempt, o.fields, max_attempts=self.max_attempts
+            d,
+            o.kind,
+            settle,
+            o.reason,
+            o.detail,
+            attempt,
+            o.fields,
+            max_attempts=self.max_attempts,
+            policy=self.retry,
         )
 
     async def _commit_loop(self) -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from onceq.consumer import Handler
     from onceq.effect import SqlEffect
     from onceq.message import MessageSpec
+    from onceq.retry import BreakerPolicy, RetryPolicy
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_NAME = "default"  # every CLI-flag run and preset: a migrated ledger keeps deduplicating
@@ -77,6 +78,8 @@ class Flow:
     message: MessageSpec = field(default_factory=_default_spec)
     effect: Any = None  # HttpEffect | PythonEffect | Callable | None
     sql: Any = None  # SqlEffect | Callable | None
+    retry: RetryPolicy | None = None  # None: RetryPolicy() (1 immediate, 5s 30s 2m 10m)
+    breaker: BreakerPolicy | None = None  # None: on when there is a call effect
 
     @property
     def kind(self) -> str:
@@ -121,7 +124,28 @@ class Flow:
 
             if not (isinstance(self.sql, SqlEffect) or callable(self.sql)):
                 raise UsageError(f"{where}: sql must be an SqlEffect or a callable (tx, doc)")
+        from onceq.retry import BreakerPolicy, RetryPolicy
+
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise UsageError(f"{where}: retry must be a RetryPolicy")
+        if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
+            raise UsageError(f"{where}: breaker must be a BreakerPolicy")
         return self
+
+    def retry_policy(self) -> RetryPolicy:
+        """The flow's retry policy: its own, else the default (1 immediate + tiers)."""
+        from onceq.retry import RetryPolicy
+
+        return self.retry if self.retry is not None else RetryPolicy()
+
+    def breaker_policy(self) -> BreakerPolicy:
+        """The flow's breaker: its own, else on for a call effect (a partner that can be
+        down) and off without one (the ledger is not a partner)."""
+        from onceq.retry import BreakerPolicy
+
+        if self.breaker is not None:
+            return self.breaker
+        return BreakerPolicy() if self.effect is not None else BreakerPolicy.off()
 
     def handler(self) -> Handler | None:
         """The loop's handler for the call effect; None when the ledger row is the effect."""
@@ -183,7 +207,19 @@ def orders_flow(
         changes["max_bytes"] = max_bytes
     if changes:
         spec = dataclasses.replace(spec, **changes)
-    return Flow(DEFAULT_NAME, DirSource(Path(qdir), workers), spec, None, PROCESSED_TABLE)
+    from onceq.retry import BreakerPolicy, RetryPolicy
+
+    # The exercise's rule: a file that fails is quarantined at once (its only effect
+    # is the ledger row, so a failure is the message's own, never a partner's).
+    return Flow(
+        DEFAULT_NAME,
+        DirSource(Path(qdir), workers),
+        spec,
+        None,
+        PROCESSED_TABLE,
+        retry=RetryPolicy.none(),
+        breaker=BreakerPolicy.off(),
+    )
 
 
 def claims_flow(

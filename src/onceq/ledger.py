@@ -102,6 +102,9 @@ class Entry:
     recovered: bool = False  # the row already names this very copy: a crash after commit
     max_attempts: int = 1
     row: tuple[Any, ...] = field(default=(), repr=False)
+    # The loop's retry policy, for an SQL effect's failure to be decided like any other
+    # (None: `max_attempts` tries, no delays).
+    policy: Any = field(default=None, repr=False)
 
     def _state(self) -> tuple[Any, ...]:
         return (self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt)

@@ -194,6 +194,10 @@ def record_duplicate(conn: sqlite3.Connection, flow: str, source: str, e: Entry,
         e.recovered = True
 
 
+# failures.action: what the failure led to.
+ACTIONS = {Settle.REQUEUE: "requeue", Settle.DELAY: "delay", Settle.DEAD: "dead"}
+
+
 def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
     conn.execute(
         "INSERT INTO failures (flow, msg_id, ref, source, reason, detail, attempt,"
@@ -208,7 +212,7 @@ def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, n
             text(e.reason),
             text(e.detail),
             e.attempt,
-            "requeue" if e.settle is Settle.REQUEUE else "dead",
+            ACTIONS.get(e.settle, "dead"),
             now,
         ),
     )

@@ -148,7 +148,10 @@ def _run_one(
     kind, reason, detail = verdict(raised)
     e.attempt = ledger.failures_in(conn, e.delivery.msg_id) + 1
     e.kind, e.reason, e.detail, e.recovered = kind, reason, detail, False
-    e.settle = decide(kind, e.delivery.redelivered, e.attempt, e.max_attempts)
+    if e.policy is not None:
+        e.settle, e.delivery.delay = e.policy.decide(kind, e.attempt)
+    else:
+        e.settle = decide(kind, e.delivery.redelivered, e.attempt, e.max_attempts)
 
 
 def verdict(exc: Exception) -> tuple[Kind, str, str]:

@@ -1,7 +1,9 @@
 """An in-memory transport with broker semantics, for testing the loop without a server.
 
-It behaves like a single queue with manual acks: a requeued delivery comes back
-with `redelivered=True`; a dead one goes to `dead`; an acked one to `acked`.
+It behaves like a single queue with manual acks: a requeued (or released) delivery
+comes back with `redelivered=True`; a delayed one comes back after `delivery.delay`
+seconds, as a new copy (like one from a retry queue); a dead one goes to `dead`; an
+acked one to `acked`.
 `deliveries()` ends when the queue is empty and nothing is outstanding (every
 delivery handed out has been settled), or when `stop()` is called.
 """
@@ -22,6 +24,9 @@ class MemoryTransport:
         self.acked: list[Delivery] = []
         self.dead: list[tuple[Delivery, str]] = []
         self.requeued: list[Delivery] = []
+        self.delayed: list[tuple[Delivery, float]] = []
+        self.released: list[Delivery] = []
+        self._waiting = 0  # delayed copies not yet back: the queue is not drained
         self.settle_calls: list[int] = []  # group sizes, to see batching
         self._outstanding = 0
         self._stopped = False
@@ -42,7 +47,7 @@ class MemoryTransport:
                 self._outstanding += 1
                 yield self.queue.popleft()
                 continue
-            if self._outstanding == 0:
+            if self._outstanding == 0 and self._waiting == 0:
                 return
             self._changed.clear()
             await self._changed.wait()
@@ -55,8 +60,22 @@ class MemoryTransport:
                 self.acked.append(d)
             elif settle is Settle.DEAD:
                 self.dead.append((d, reason))
+            elif settle is Settle.DELAY:
+                self.delayed.append((d, d.delay))
+                self._waiting += 1
+                copy = replace(d, redelivered=False, delay=0.0)
+                asyncio.get_running_loop().call_later(d.delay, self._back, copy)
+            elif settle is Settle.RELEASE:
+                self.released.append(d)
+                self.queue.appendleft(replace(d, redelivered=True))
             else:
                 self.requeued.append(d)
                 # Like a broker: the copy comes back, flagged as possibly seen before.
                 self.queue.append(replace(d, redelivered=True))
+        self._changed.set()
+
+    def _back(self, d: Delivery) -> None:
+        """A delayed copy's time is up: it joins the queue's tail, as from a retry queue."""
+        self._waiting -= 1
+        self.queue.append(d)
         self._changed.set()

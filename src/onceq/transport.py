@@ -32,14 +32,21 @@ class Delivery:
     stable_ref: bool = False
     token: Any = None
     headers: dict[str, Any] = field(default_factory=dict)
+    # Set by the loop when it settles this copy with Settle.DELAY: how many seconds it
+    # waits (a RabbitMQ retry queue with that TTL, the directory queue's retry/ area).
+    delay: float = 0.0
 
 
 class Settle(enum.Enum):
     """What happens to a delivery once its record is durable."""
 
     ACK = "ack"  # done (processed or a duplicate): remove it from the queue
-    REQUEUE = "requeue"  # transient failure, first time: give it back for one more try
-    DEAD = "dead"  # poison or business rejection: dead-letter / quarantine it
+    REQUEUE = "requeue"  # transient failure: give it back for an immediate retry
+    DELAY = "delay"  # transient failure: try again after `delivery.delay` seconds
+    DEAD = "dead"  # poison, business rejection or out of attempts: dead-letter it
+    # Never tried (the breaker is open): give it back untouched. Nothing is recorded
+    # and no attempt is spent, since the message did nothing wrong.
+    RELEASE = "release"
 
 
 class Transport(Protocol):
@@ -49,10 +56,10 @@ class Transport(Protocol):
     (directory queue, a drained broker queue) or until `stop()` is called. A
     transport's `stop()` only ends the deliveries: the loop still handles and settles
     every copy it received. A real stop (signal, deadline) is `Consumer.stop()`,
-    which also starts no new handler call. `settle` receives
-    a group of (delivery, decision, reason) only after the ledger commit that
-    records them; the transport may make the group durable once (one fsync of
-    the folders, one multiple-ack) instead of once per message.
+    which also starts no new handler call. `settle` receives a group of
+    (delivery, decision, reason) only after the ledger commit that records them (a
+    DELAY's seconds are `delivery.delay`); the transport may make the group durable
+    once (one fsync of the folders, one multiple-ack) instead of once per message.
     """
 
     def deliveries(self) -> AsyncIterator[Delivery]: ...
@@ -60,6 +67,24 @@ class Transport(Protocol):
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class Pausable(Protocol):
+    """What a transport offers the circuit breaker (optional; the built-in ones do).
+
+    `pause()`: hand out no more deliveries until `resume()` (a broker consumer is
+    cancelled and what it had prefetched is returned; a directory queue stops
+    claiming); `deliveries()` keeps waiting meanwhile, it does not end. `probe()`:
+    while paused, hand out at most one more delivery (the breaker's probe). A
+    transport without them still works under a breaker: the loop then holds each
+    delivery it may not call until the breaker lets it, bounded by max_in_flight.
+    """
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def probe(self) -> None: ...
 
 
 # --- the settle decision --------------------------------------------------------------
@@ -72,6 +97,7 @@ class Kind(enum.Enum):
     REJECTED = "rejected"  # will never succeed (parse error, 422): dead-letter at once
     TRANSIENT = "transient"  # may succeed later (503, timeout, connection refused)
     DUPLICATE = "duplicate"  # the ledger already holds this msg_id
+    HELD = "held"  # not tried: the breaker is open (settled RELEASE, never recorded)
 
 
 def decide(kind: Kind, redelivered: bool, attempt: int = 1, max_attempts: int = 2) -> Settle:
@@ -83,9 +109,12 @@ def decide(kind: Kind, redelivered: bool, attempt: int = 1, max_attempts: int = 
     | REJECTED   | DEAD                   | DEAD                                |
     | TRANSIENT  | REQUEUE                | DEAD                                |
 
-    A transient failure is retried once: requeueing without a bound would let one
-    message circulate forever in front of everything else. `attempt` is counted
-    durably in the ledger (failures recorded for this msg_id, plus this one), so
+    This is the exercises' rule (`RetryPolicy.exercise()`); a flow's policy with
+    delayed tiers is `onceq.retry.RetryPolicy.decide`, which agrees with this table
+    whenever it has no tiers. A transient failure is retried once: requeueing without
+    a bound would let one message circulate forever in front of everything else.
+    `attempt` is counted durably in the ledger (failures recorded for this msg_id,
+    plus this one), so
     "failed again" means exactly that. The broker's `redelivered` flag only says
     "may have been delivered before": it is also set on copies returned by a
     graceful stop or a dropped connection that were never tried, and deciding on
@@ -95,6 +124,8 @@ def decide(kind: Kind, redelivered: bool, attempt: int = 1, max_attempts: int = 
     del redelivered  # see above: the durable attempt count is the truthful signal
     if kind in (Kind.SUCCESS, Kind.DUPLICATE):
         return Settle.ACK
+    if kind is Kind.HELD:
+        return Settle.RELEASE
     if kind is Kind.REJECTED:
         return Settle.DEAD
     return Settle.DEAD if attempt >= max_attempts else Settle.REQUEUE
