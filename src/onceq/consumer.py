@@ -84,7 +84,9 @@ class Consumer:
 
     `max_in_flight` bounds deliveries being handled at once (for a broker, the
     prefetch: the broker bounds it too); `max_group` bounds one commit.
-    `on_settled` is called with each settled group (progress display).
+    `on_settled` is called with each settled group (progress display). `retry`: what a
+    transient failure leads to; `breaker`: the circuit breaker's policy, built into
+    `self.breaker` (None when off or without a call).
 
     Two ways to end, deliberately different:
     - the transport runs out (an empty directory queue, a drained broker queue, a
