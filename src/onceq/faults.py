@@ -28,6 +28,10 @@ Points (each named where it is reached):
                                 before the rest
     after-claim                 dirq: a file was renamed into processing/w-ID/ and
                                 not yet read (recovery by the next consumer)
+    after-delay-publish         AMQP: the copies of a group's DELAY settles are
+                                confirmed in their retry queues, no original is
+                                acked yet (each message exists twice: the original
+                                comes back, nothing is lost)
 
 Cheap when unset: the environment is read once, at import, and `hit` is then a
 function that returns at once (one call per group; per file only for the dirq
@@ -44,7 +48,13 @@ from onceq.errors import UsageError
 
 ENV_POINT = "ONCEQ_FAULT"
 ENV_AFTER = "ONCEQ_FAULT_AFTER"
-POINTS = ("before-commit", "after-commit-before-settle", "mid-settle", "after-claim")
+POINTS = (
+    "before-commit",
+    "after-commit-before-settle",
+    "mid-settle",
+    "after-claim",
+    "after-delay-publish",
+)
 
 
 def _armed() -> tuple[str | None, int]:
