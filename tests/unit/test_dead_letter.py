@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pamqp.commands import Basic
 
-from onceq.amqp.dead import Pacer
 from onceq.amqp.dead_letter import (
     UNKNOWN,
     DeadLetter,
     Death,
+    Pacer,
     Selection,
     copy_id_of,
     deaths_of,

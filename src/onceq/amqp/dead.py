@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from onceq.amqp.dead_letter import (
     DeadLetter,
+    DeadReport,
+    Pacer,
     Selection,
     copy_id_of,
     deaths_of,
@@ -59,84 +60,6 @@ from onceq.errors import NotFound, Unroutable
 # replay, their resets written in one transaction (one fsync per batch, not per letter).
 BATCH = 100
 TRANSPORT = "amqp"
-
-
-@dataclass
-class DeadReport:
-    """What a dead-letter command saw and did (`as_dict` is its --json)."""
-
-    command: str  # list | replay | purge
-    topology: Topology
-    selection: Selection
-    total: int = 0  # ready in the dead-letter queue when the command started
-    seen: int = 0  # got (browsed) by the command
-    matched: list[DeadLetter] = field(default_factory=list)
-    done: list[DeadLetter] = field(default_factory=list)  # replayed / purged
-    skipped: list[tuple[DeadLetter, str]] = field(default_factory=list)
-    dry_run: bool = False
-    op: int | None = None  # the ledger's dead_ops id
-    seconds: float = 0.0
-    declined: bool = False  # purge: the operator said no
-
-    @property
-    def missing(self) -> list[str]:
-        """--id values that named no dead letter seen."""
-        found = {letter.msg_id for letter in self.matched}
-        return [i for i in self.selection.ids if i not in found]
-
-    @property
-    def left(self) -> int:
-        return self.total - len(self.done)
-
-    def as_dict(self) -> dict[str, Any]:
-        t = self.topology
-        out: dict[str, Any] = {
-            "command": self.command,
-            "queue": t.dead_letter_queue,
-            "filter": self.selection.as_dict(),
-            "total": self.total,
-            "matched": len(self.matched),
-        }
-        if self.command == "list":
-            out["letters"] = [letter.as_dict() for letter in self.matched]
-            return out
-        out.update(
-            {
-                "dry_run": self.dry_run,
-                "done": len(self.done),
-                "ids": [letter.msg_id for letter in (self.matched if self.dry_run else self.done)],
-                "skipped": [{"message_id": s.msg_id, "why": why} for s, why in self.skipped],
-                "missing": self.missing,
-                "left": self.left,
-                "op": self.op,
-                "seconds": round(self.seconds, 3),
-            }
-        )
-        if self.command == "replay":
-            out["exchange"], out["routing_key"] = t.exchange, t.routing_key
-        else:
-            out["declined"] = self.declined
-        return out
-
-
-class Pacer:
-    """At most `rate` publishes per second: publish i waits until start + i/rate."""
-
-    def __init__(self, rate: float | None) -> None:
-        self.rate = rate
-        self._start: float | None = None
-        self._n = 0
-
-    async def wait(self) -> None:
-        if self.rate is None:
-            return
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._n / self.rate
-        self._n += 1
-        if due > now:
-            await asyncio.sleep(due - now)
 
 
 class DeadQueue:
