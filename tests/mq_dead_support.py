@@ -69,8 +69,17 @@ def ids_in(url: str, queue: str) -> list[str]:
     return [p.message_id for _m, p, _b in get_all(url, queue)]
 
 
-def foreign_dead_letter(url: str, guid: str, body: bytes | None = None) -> None:
-    """A message put into claim.dead through eai.dlx by hand: no ledger row, no x-death."""
+def foreign_dead_letter(
+    url: str,
+    guid: str | None,
+    body: bytes | None = None,
+    *,
+    exchange: str = "eai.dlx",
+    key: str = "claim.dead",
+    headers: dict[str, Any] | None = None,
+) -> None:
+    """A message put into a dead-letter queue by hand (default claim.dead through
+    eai.dlx): no ledger row, no x-death; no message_id property when guid is None."""
     import pika
 
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -78,10 +87,10 @@ def foreign_dead_letter(url: str, guid: str, body: bytes | None = None) -> None:
         ch = conn.channel()
         ch.confirm_delivery()
         ch.basic_publish(
-            "eai.dlx",
-            "claim.dead",
-            body if body is not None else json.dumps(claim_doc(guid)).encode(),
-            pika.BasicProperties(message_id=guid, delivery_mode=2),
+            exchange,
+            key,
+            body if body is not None else json.dumps(claim_doc(str(guid))).encode(),
+            pika.BasicProperties(message_id=guid, delivery_mode=2, headers=headers),
             mandatory=True,
         )
     finally:

@@ -85,7 +85,7 @@ def resolve(values: dict[str, Any]) -> Target:
     given = {k: values.pop(k) for k in names}
     id_field = values.pop("id_field")
     flow_file = values.pop("flow_file")
-    flow_name = values.pop("flow_name")
+    flow_name = values.pop("flow_name") or "default"
     db = values.pop("db")
     if flow_file is not None:
         if any(v is not None for v in given.values()) or id_field is not None:
@@ -101,20 +101,31 @@ def resolve(values: dict[str, Any]) -> Target:
     )
 
 
-def _from_flow_file(flow_file: Path, flow_name: str | None, db: Path | None) -> Target:
+def _from_flow_file(flow_file: Path, flow_name: str, db: Path | None) -> Target:
+    """--flows FILE: the flow --flow names (its default, `default`, may be left out when
+    the file has one rabbitmq flow)."""
     from onceq.amqp.topology import Topology
     from onceq.amqp.url import amqp_url, setup_logging
     from onceq.cli.run import load_or_exit
     from onceq.flow import RabbitSource
 
-    ff = load_or_exit(flow_file, (flow_name,) if flow_name else ())
+    ff = load_or_exit(flow_file, ())
     setup_logging()
+    named = {f.name: f for f in ff.flows}
     rabbit = [f for f in ff.flows if isinstance(f.source, RabbitSource)]
-    if flow_name is None and len(rabbit) != 1:
+    if flow_name in named:
+        flow = named[flow_name]
+        if not isinstance(flow.source, RabbitSource):
+            raise UsageError(f"{flow_file}: flow {flow_name!r} is not a rabbitmq flow")
+    elif flow_name == "default" and len(rabbit) == 1:
+        flow = rabbit[0]
+    elif flow_name == "default":
         raise UsageError(f"{flow_file}: {len(rabbit)} rabbitmq flows: name one with --flow NAME")
-    if not rabbit:
-        raise UsageError(f"{flow_file}: flow {flow_name!r} is not a rabbitmq flow")
-    flow = rabbit[0]
+    else:
+        raise UsageError(
+            f"--flow: {flow_name!r}: no such flow in {flow_file}"
+            f" (it has: {', '.join(named) or 'none'})"
+        )
     topology = Topology.for_source(flow.source).check()
     return Target(
         amqp_url(flow.source.url), topology, db or ff.ledger, flow.name, flow.message.id_field
