@@ -339,3 +339,22 @@ def test_purge_asks_on_a_terminal(dead: Dead) -> None:
     assert "purged 1 of 6" in out
     assert FOREIGN not in ids_in(dead.url, "claim.dead")
     assert depth(dead.url)["claim.dead"] == (5, 0)
+
+
+def test_an_unroutable_copy_keeps_the_dead_letter(dead: Dead) -> None:
+    """No queue bound for the work key: the broker returns the copy (mandatory), the
+    replay stops with exit 6, and the dead letters are all still there."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(dead.url))
+    try:
+        conn.channel().queue_unbind("claim.in", "eai.claim", "claim")
+    finally:
+        conn.close()
+    order = ids_in(dead.url, "claim.dead")
+    r = dead.cli("replay", "--reason", "http-503")
+    assert r.returncode == 6, (r.stdout, r.stderr)
+    assert r.stderr.startswith("onceq: exchange eai.claim: returned the replayed copy")
+    assert "it stays in claim.dead" in r.stderr and r.stderr.count("\n") == 1
+    assert ids_in(dead.url, "claim.dead") == order
+    assert depth(dead.url) == {"claim.in": (0, 0), "claim.dead": (6, 0)}

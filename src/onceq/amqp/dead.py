@@ -170,22 +170,25 @@ class DeadQueue:
 
         t = self.topology
         login = unquote(urlsplit(self.url).username or "guest")
-        try:
-            confirm = await self._pub.basic_publish(
-                letter.body,
-                exchange=t.exchange,
-                routing_key=t.routing_key,
-                properties=replay_properties(letter, login),
-                mandatory=True,
-                timeout=CONNECT_TIMEOUT,
-            )
-        except ae.PublishError:
-            raise Unroutable(
-                f"exchange {t.exchange}: returned the replayed copy as unroutable (no queue"
-                f" bound for key {t.routing_key!r}); it stays in {t.dead_letter_queue}"
-            ) from None
-        except ae.DeliveryError:
-            confirm = None
+        # A channel the broker closed meanwhile (consumer_timeout, an outage) is a
+        # broker error, one line (exit 7): the dead copy was not acked, it stays.
+        with boundary(self.url, f"exchange {t.exchange}"):
+            try:
+                confirm = await self._pub.basic_publish(
+                    letter.body,
+                    exchange=t.exchange,
+                    routing_key=t.routing_key,
+                    properties=replay_properties(letter, login),
+                    mandatory=True,
+                    timeout=CONNECT_TIMEOUT,
+                )
+            except ae.PublishError:
+                raise Unroutable(
+                    f"exchange {t.exchange}: returned the replayed copy as unroutable (no"
+                    f" queue bound for key {t.routing_key!r}); it stays in {t.dead_letter_queue}"
+                ) from None
+            except ae.DeliveryError:
+                confirm = None
         if not isinstance(confirm, Basic.Ack):
             raise Unroutable(
                 f"exchange {t.exchange}: the broker refused (nacked) the replayed copy;"

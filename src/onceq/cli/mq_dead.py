@@ -250,7 +250,14 @@ def _print_list(report: Any) -> None:
             table.add_column(col, justify="right" if col in ("#", "attempts", "size") else "left")
         for x in report.matched:
             when = x.dead_at
-            deaths = "; ".join(f"{d.queue} {d.reason} ×{d.count}" for d in x.deaths) or "-"
+            deaths = (
+                "; ".join(
+                    f"{d.queue} {d.reason} ×{d.count}"
+                    + (f" {d.time.isoformat(timespec='seconds')}" if d.time else "")
+                    for d in x.deaths
+                )
+                or "-"
+            )
             cells = (
                 str(x.position),
                 text(x.msg_id) if x.msg_id is not None else "-",
