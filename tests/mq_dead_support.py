@@ -112,4 +112,5 @@ def ledger_dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def depth(url: str) -> dict[str, tuple[int, int]]:
-    return {q: v for q, v in queues(url).items() if q.startswith("claim.")}
+    """(messages, unacked) of claim.in and claim.dead (retry tiers, if declared, apart)."""
+    return {q: v for q, v in queues(url).items() if q in ("claim.in", "claim.dead")}
