@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import time
@@ -184,8 +185,9 @@ def test_replay_all_human_summary(dead: Dead) -> None:
     r = dead.cli("replay", "--all")
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip()
-    assert line.startswith("replayed 6 of 6 dead letter(s) from claim.dead to eai.claim (claim)")
-    assert "0 left" in line and "ledger op" in line
+    head = "replayed 6 of 6 dead letter(s) from claim.dead to eai.claim, key claim; filter all"
+    assert line.startswith(head + "; 0 left; "), line
+    assert re.search(r"; \d+\.\ds; ledger op \d+$", line), line
     assert depth(dead.url) == {"claim.in": (6, 0), "claim.dead": (0, 0)}
 
 

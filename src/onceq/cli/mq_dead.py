@@ -390,12 +390,13 @@ def _print_change(report: Any, as_json: bool) -> None:
 
 
 def change_summary(report: Any) -> str:
-    """The last line of replay / purge, in the words of its JSON."""
+    """The last line of replay / purge, in the words of its JSON (done, total, filter,
+    left, seconds, op)."""
     t = report.topology
     verb = {"replay": "replayed", "purge": "purged"}[report.command]
-    filt = report.selection.describe()
+    filt = f"filter {report.selection.describe()}"
     where = (
-        f" to {t.exchange or 'the default exchange'} ({t.routing_key})"
+        f" to {t.exchange or 'the default exchange'}, key {t.routing_key}"
         if report.command == "replay"
         else ""
     )
@@ -404,7 +405,7 @@ def change_summary(report: Any) -> str:
         more = f" …(+{len(report.matched) - 10})" if len(report.matched) > 10 else ""
         return (
             f"dry run: would have {verb} {len(report.matched)} of {report.total} dead letter(s)"
-            f" from {t.dead_letter_queue}{where} ({filt})"
+            f" from {t.dead_letter_queue}{where}; {filt}"
             f"{': ' + ids + more if ids else ''}; nothing changed"
         )
     if report.declined:
@@ -412,5 +413,5 @@ def change_summary(report: Any) -> str:
     op = f"; ledger op {report.op}" if report.op is not None else ""
     return (
         f"{verb} {len(report.done)} of {report.total} dead letter(s) from {t.dead_letter_queue}"
-        f"{where} ({filt}) in {report.seconds:.1f}s; {report.left} left{op}"
+        f"{where}; {filt}; {report.left} left; {report.seconds:.1f}s{op}"
     )
