@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from onceq.cli.mq_consume import cli_url, consume
+from onceq.cli.mq_dead import dead
 from onceq.cli.mq_status import status
 from onceq.cli.output import console, emit_json
 from onceq.cli.retry_options import retry_from_values, retry_options
@@ -243,3 +244,4 @@ def publish(
 
 for _command in (consume, status):
     mq.add_command(_command)
+mq.add_command(dead)
