@@ -55,7 +55,7 @@ def test_an_outage_of_12s_kills_at_most_10_and_the_rest_goes_through_once(
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         # The run starts while the partner is down: the outage is its first 12 s.
-        proc = start_consumer(amqp_url, p.url, db, "--until-empty", *args)
+        proc = start_consumer(amqp_url, p.url, db, "--until-empty", *args, policy=())
         try:
             out, err = proc.communicate(timeout=DOWN_S + WITHIN_S + 60)
         finally:
