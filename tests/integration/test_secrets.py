@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mq_support import claim_doc, publish, topology, write_claims
+from mq_support import EXERCISE, claim_doc, publish, topology, write_claims
 from support import run_cli
 
 TOKEN = st.from_regex(r"[a-z]{2}[0-9]{3}[A-Z]{3}", fullmatch=True)
@@ -87,7 +87,17 @@ def _commands(tmp: Path, claim: str = "http://127.0.0.1:9") -> list[list[str]]:
         ["mq", "status"],
         ["mq", "topology"],
         ["mq", "publish", str(tmp / "claims" / "c00000.json")],
-        ["mq", "consume", "--claim", claim, "--max-seconds", "0.5", "--db", str(tmp / "l.db")],
+        [
+            "mq",
+            "consume",
+            "--claim",
+            claim,
+            "--max-seconds",
+            "0.5",
+            "--db",
+            str(tmp / "l.db"),
+            *EXERCISE,
+        ],
     ]
 
 
