@@ -184,13 +184,19 @@ class ConsumerControl:
             log.info("pause of %s: %s", self.queue_name, type(exc).__name__)
 
     async def _resume(self) -> None:
-        async with self._control_lock:
-            if self.paused or self._consuming or self.stopped.is_set():
-                return
-            try:
-                await self._consume()
-            except Exception as exc:  # the drain check (or a reconnect) consumes again
-                log.info("resume of %s: %s", self.queue_name, type(exc).__name__)
+        # Until it is a consumer again: a resume that fails (the channel is being
+        # re-opened) would otherwise leave a run without --until-empty idle for good,
+        # since a reconnect restores only the consumers that were registered.
+        while True:
+            async with self._control_lock:
+                if self.paused or self._consuming or self.stopped.is_set():
+                    return
+                try:
+                    await self._consume()
+                    return
+                except Exception as exc:
+                    log.info("resume of %s: %s; again in 1s", self.queue_name, type(exc).__name__)
+            await asyncio.sleep(1.0)
 
     async def _probe(self) -> None:
         me = asyncio.current_task()
