@@ -252,7 +252,7 @@ def test_a_url_as_ledger_path_is_masked(claims_vhost: str, place: Path, tmp_path
     """EAI_MQ_DB set to a URL by mistake: refused (its folder does not exist), masked."""
     env = _env(place, EAI_AMQP_URL=claims_vhost)
     env["EAI_MQ_DB"] = "postgres://app:dbSECRET9@db.example/ledger.db"
-    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", env=env, cwd=tmp_path)
+    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", *EXERCISE, env=env, cwd=tmp_path)
     assert r.returncode == 8 and "no such folder" in r.stderr, r.stderr
     assert_no_leak(r.stdout + r.stderr, "dbSECRET9", ["dbSECRET9"], "EAI_MQ_DB")
     assert list(tmp_path.iterdir()) == []
