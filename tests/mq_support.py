@@ -82,7 +82,9 @@ def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def topology(url: str) -> None:
-    r = cli(url, "mq", "topology")
+    """The exercise's six objects (`--retry exercise`: no retry queue), for the tests of
+    the exercise's rule, whose consumers the helpers below run with EXERCISE."""
+    r = cli(url, "mq", "topology", "--retry", "exercise")
     assert r.returncode == 0, r.stderr
 
 
@@ -226,19 +228,34 @@ def partner(
             p.proc.wait()
 
 
-def consume(url: str, claim: str, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+# The exercise's rule (seed 001: a transient failure is requeued once, then dead; no
+# circuit breaker), what the lab's consumer.py runs. The consume helpers pass it, so
+# the tests written for that rule keep testing it exactly; a test of the default
+# policy (delayed retries, the breaker) passes policy=() and its own flags. The
+# policy comes before ARGS: a flag given there wins.
+EXERCISE = ("--retry", "exercise", "--no-breaker")
+
+
+def consume(
+    url: str, claim: str, db: Path, *args: str, policy: Sequence[str] = EXERCISE
+) -> subprocess.CompletedProcess[str]:
     """`onceq mq consume … --json` to completion; returns the process (stdout is JSON)."""
-    return cli(url, "mq", "consume", "--claim", claim, "--db", str(db), "--json", *args)
+    return cli(url, "mq", "consume", "--claim", claim, "--db", str(db), "--json", *policy, *args)
 
 
 def start_consumer(
-    url: str, claim: str, db: Path | None, *args: str, env: dict[str, str] | None = None
+    url: str,
+    claim: str,
+    db: Path | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    policy: Sequence[str] = EXERCISE,
 ) -> subprocess.Popen[str]:
-    """`onceq mq consume --claim CLAIM [--db DB] --json ARGS` as a process of its own."""
+    """`onceq mq consume --claim CLAIM [--db DB] --json POLICY ARGS` as a process of its own."""
     where = [] if db is None else ["--db", str(db)]
     return subprocess.Popen(
         [sys.executable, "-m", "onceq", "mq", "consume", "--claim", claim, *where, "--json",
-         *args],
+         *policy, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -290,13 +307,14 @@ def consume_until(
     *args: str,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    policy: Sequence[str] = EXERCISE,
 ) -> subprocess.CompletedProcess[str]:
     """`onceq mq consume … --json` until `until()` holds, then a graceful SIGTERM.
 
     Instead of --max-seconds: a run cut by the clock passes or fails with the load of
     the machine; this one ends when the state the test waits for is there.
     """
-    proc = start_consumer(url, claim, db, *args, env=env)
+    proc = start_consumer(url, claim, db, *args, env=env, policy=policy)
     try:
         wait_for(until, timeout)
     except BaseException:

@@ -241,6 +241,16 @@ def test_mq_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     assert (stats["processed"], stats["duplicates"], stats["dead"]) == (6, 1, 2), stats
     invoices = next(s for ex, s in ran if ex.command.startswith("onceq mq consume --queue"))
     assert "1 received, 1 processed" in invoices, invoices
+    # Retries: the always-busy claim, tried at once, again at once, after 1 s, after
+    # 2 s (3 retries, each a requeue or a copy through its tier), then dead.
+    tiers = next(s for ex, s in ran if "--retry-delays 1s,2s --until-empty" in ex.command)
+    tiers_stats = json.loads(tiers)
+    assert (tiers_stats["requeued"], tiers_stats["dead"]) == (3, 1), tiers_stats
+    assert tiers_stats["drained"] is True
+    assert _rows(
+        tmp_path / "processed.db",
+        "SELECT attempt, action FROM failures WHERE msg_id = 'busy-2' ORDER BY id",
+    ) == [(1, "requeue"), (2, "delay"), (3, "delay"), (4, "dead")]
 
 
 def test_api_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:

@@ -18,6 +18,7 @@ import pytest
 from test_dirq_crash import check_invariants, finish, make_queue, rows
 
 from mq_support import (
+    EXERCISE,
     claim_doc,
     cli,
     partner,
@@ -147,7 +148,8 @@ def test_mq_killed_at_a_fault_point_recovers_exactly(
     topology(amqp_url)
     publish(amqp_url, *files)
     db = tmp_path / "p.db"
-    args = ("mq", "consume", "--db", str(db), "--json", "--prefetch", "1", "--until-empty")
+    args = ("mq", "consume", "--db", str(db), "--json", "--prefetch", "1", "--until-empty",
+            *EXERCISE)  # fmt: skip
     with partner() as p:
         first = cli(amqp_url, *args, "--claim", p.url, ONCEQ_FAULT=point,
                     ONCEQ_FAULT_AFTER=str(after))  # fmt: skip

@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from mq_support import CLAIMS, claim_doc, cli, partner, publish, topology, wait_for, write_claims
+from mq_support import (
+    CLAIMS,
+    EXERCISE,
+    claim_doc,
+    cli,
+    partner,
+    publish,
+    topology,
+    wait_for,
+    write_claims,
+)
 from support import SAMPLE, plain_env, run_cli, snapshot
 
 # --- 1. one exit code per situation ---------------------------------------------------
@@ -213,7 +223,8 @@ def test_an_mq_run_where_every_claim_failed_says_so_and_counts_dead_by_reason(
     files = write_claims(tmp_path / "c", docs)
     with partner() as p:
         publish(amqp_url, *files)
-        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3")
+        # The exercise's rule: the 503 is requeued once, then dead (no delayed retry).
+        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3", *EXERCISE)
         r = cli(amqp_url, *args, "--db", str(tmp_path / "a.db"), "--json")
         publish(amqp_url, *files)
         human = cli(amqp_url, *args, "--db", str(tmp_path / "b.db"))
@@ -341,7 +352,8 @@ def test_mq_json_and_human_use_the_same_words(amqp_url: str, tmp_path: Path) -> 
     topology(amqp_url)
     claims = sorted(CLAIMS.glob("*.json"))
     with partner() as p:
-        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3")
+        # The exercise's rule: the 503 is requeued once, then dead (no delayed retry).
+        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3", *EXERCISE)
         publish(amqp_url, *claims)
         r = cli(amqp_url, *args, "--db", str(tmp_path / "a.db"), "--json")
         publish(amqp_url, *claims)

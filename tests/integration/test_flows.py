@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-from mq_support import cli, get_all, partner, queues
+from mq_support import EXERCISE, cli, get_all, partner, queues
 from support import SAMPLE, run_cli
 
 INVOICES = SAMPLE / "invoices"
@@ -150,7 +150,7 @@ def test_mq_flags_the_invoice_example(amqp_url: str, tmp_path: Path) -> None:
     with partner(kind="invoices") as p:
         r = cli(
             amqp_url, "mq", "consume", "--queue", "invoice.in", *_flags(p.url),
-            "--db", str(db), "--until-empty",
+            "--db", str(db), "--until-empty", *EXERCISE,  # requeued once, then dead
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)

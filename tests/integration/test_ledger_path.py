@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mq_support import claim_doc, cli, publish, queues, topology, write_claims
+from mq_support import EXERCISE, claim_doc, cli, publish, queues, topology, write_claims
 from support import SAMPLE, run_cli, snapshot
 
 NOTE = "no message seen before"
@@ -99,7 +99,8 @@ def test_mq_consume_with_a_mistyped_ledger_folder_consumes_nothing(
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("g-1")]))
     typo = tmp_path / "ledgrs"
     db = str(typo / "processed.db")
-    args = ["mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "1", "--json"]
+    args = ["mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "1", "--json",
+            *EXERCISE]  # fmt: skip
     r = cli(amqp_url, *args, "--db", db) if how == "--db" else cli(amqp_url, *args, EAI_MQ_DB=db)
     _refused(r, typo)
     assert r.stdout == ""
@@ -114,7 +115,8 @@ def test_mq_consume_announces_a_new_ledger_and_not_an_old_one(
 ) -> None:
     topology(amqp_url)
     db = tmp_path / "processed.db"
-    args = ["mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "0.5", "--json"]
+    args = ["mq", "consume", "--claim", "http://127.0.0.1:9", "--max-seconds", "0.5", "--json",
+            *EXERCISE]  # fmt: skip
     r = cli(amqp_url, *args, EAI_MQ_DB=str(db))
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"onceq: new ledger at {db}: {NOTE}\n"

@@ -20,9 +20,28 @@ INVOICE_DLX = (
     ("x-dead-letter-exchange", "invoice.dlx"),
     ("x-dead-letter-routing-key", "invoice.dead"),
 )
+# `mq topology --queue invoice.in` declares the default retry policy's tiers too: a
+# queue per delay, its TTL in ms, dead-lettering back to invoice.in by the default
+# exchange.
+TIER_MS = {"5s": 5_000, "30s": 30_000, "2m": 120_000, "10m": 600_000}
+INVOICE_TIERS = [
+    (
+        f"invoice.retry.{label}",
+        True,
+        (
+            ("x-dead-letter-exchange", ""),
+            ("x-dead-letter-routing-key", "invoice.in"),
+            ("x-message-ttl", ms),
+        ),
+    )
+    for label, ms in TIER_MS.items()
+]
+EMPTY_TIERS = {name: (0, 0) for name, _, _ in INVOICE_TIERS}
 INVOICE_STATE = {
     "exchanges": [("invoice", "direct", True), ("invoice.dlx", "direct", True)],
-    "queues": [("invoice.dead", True, ()), ("invoice.in", True, INVOICE_DLX)],
+    "queues": sorted(
+        [("invoice.dead", True, ()), ("invoice.in", True, INVOICE_DLX), *INVOICE_TIERS]
+    ),
     "bindings": [
         ("invoice", "invoice.in", "invoice"),
         ("invoice.dlx", "invoice.dead", "invoice.dead"),
@@ -71,15 +90,17 @@ def test_invoice_topology_from_the_queue_name_and_a_second_run_changes_nothing(
     method, _, _ = ch.basic_get("invoice.in")
     ch.basic_reject(method.delivery_tag, requeue=False)
     conn.close()
-    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (1, 0)}
+    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (1, 0), **EMPTY_TIERS}
 
 
 def test_every_name_from_its_own_option_beside_the_claims_topology(amqp_url: str) -> None:
-    assert cli(amqp_url, "mq", "topology").returncode == 0  # the claims preset, as before
+    # The claims preset and the billing names, as before (the exercise's policy: no
+    # retry queue; the tiers have tests of their own).
+    assert cli(amqp_url, "mq", "topology", "--retry", "exercise").returncode == 0
     r = cli(
         amqp_url, "mq", "topology", "--queue", "billing", "--exchange", "eai.claim",
         "--routing-key", "bill", "--dead-letter-exchange", "eai.dlx",
-        "--dead-letter-queue", "billing.parked",
+        "--dead-letter-queue", "billing.parked", "--retry", "exercise",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     state = broker_state(amqp_url)
@@ -177,7 +198,7 @@ def test_a_file_without_the_id_field_exits_5_and_nothing_is_published(
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert f"{bad}: no invoiceId" in line and "nothing was published" in line
-    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (0, 0)}
+    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (0, 0), **EMPTY_TIERS}
     # The claims default would have looked for guid, which no invoice has.
     r = cli(amqp_url, "mq", "publish", str(good[0]), *TO_INVOICE)
     assert r.returncode == 5 and "no guid" in r.stderr
@@ -192,7 +213,7 @@ def test_an_unroutable_key_exits_6_naming_exchange_and_key(amqp_url: str, tmp_pa
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "2 of 2" in line, line
     assert "unroutable (no queue bound to exchange invoice for key 'invoices')" in line
-    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (0, 0)}
+    assert queues(amqp_url) == {"invoice.in": (0, 0), "invoice.dead": (0, 0), **EMPTY_TIERS}
 
 
 def test_a_missing_exchange_exits_3_naming_it(amqp_url: str, tmp_path: Path) -> None:
@@ -307,11 +328,19 @@ def test_without_options_the_claims_preset_prints_what_it_always_did(
     amqp_url: str, tmp_path: Path
 ) -> None:
     v = amqp_url.rsplit("/", 1)[1]
-    r = cli(amqp_url, "mq", "topology")
+    # The exercise's policy: its six objects, word for word what it always printed.
+    r = cli(amqp_url, "mq", "topology", "--retry", "exercise")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == (
         f"topology ready in vhost {v!r}: 6 objects, 4 created: exchange eai.claim,"
         " exchange eai.dlx, queue claim.in, queue claim.dead"
+    )
+    # Without options, the default policy's retry queues besides them.
+    r = cli(amqp_url, "mq", "topology")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"topology ready in vhost {v!r}: 10 objects, 4 created: queue claim.retry.5s,"
+        " queue claim.retry.30s, queue claim.retry.2m, queue claim.retry.10m"
     )
     [f] = invoices(tmp_path, [{"guid": "g-1", "claimId": "C-1", "docs": ["a"]}])
     r = cli(amqp_url, "mq", "publish", str(f))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mq_support import claim_doc, cli, publish, queues, topology, write_claims
+from mq_support import EXERCISE, claim_doc, cli, publish, queues, topology, write_claims
 
 SECRET = "s3cretPassw0rd"
 
@@ -129,7 +129,8 @@ def test_a_ledger_that_cannot_be_opened_consumes_nothing(amqp_url: str, tmp_path
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("g-1")]))
     not_a_db = tmp_path / "c" / "c00000.json"  # a claim file, not a database
-    r = cli(amqp_url, "mq", "consume", "--claim", "http://127.0.0.1:9", "--db", str(not_a_db))
+    r = cli(amqp_url, "mq", "consume", "--claim", "http://127.0.0.1:9", "--db", str(not_a_db),
+            *EXERCISE)  # fmt: skip
     assert str(not_a_db) in _one_line(r, 8)
     # Nothing was taken: the message is ready again, not redelivered to a dead letter.
     assert queues(amqp_url) == {"claim.in": (1, 0), "claim.dead": (0, 0)}

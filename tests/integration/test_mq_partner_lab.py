@@ -153,20 +153,33 @@ def test_lab_mq_writes_the_layout_and_its_scripts_work(amqp_url: str, tmp_path: 
     r = script("publish.py", "claim.json", cwd=d)
     assert r.returncode == 0, r.stderr
     assert script(str(d / "publish.py"), str(CLAIMS / "claim-007-nodocs.json")).returncode == 0
+    assert script(str(d / "publish.py"), str(CLAIMS / "claim-008-busy.json")).returncode == 0
+    busy = json.loads((CLAIMS / "claim-008-busy.json").read_bytes())["guid"]
     db = d / "processed.db"  # the default ledger lives beside the script
     with partner() as p:
-        # Until both claims have their outcome in the ledger (not --max-seconds, which
-        # passes or fails with the machine's load), then SIGTERM as an operator would.
+        # Until the three claims have their outcome in the ledger (not --max-seconds,
+        # which passes or fails with the machine's load), then SIGTERM as an operator
+        # would. 1 processed; failures: the no-docs claim's, the BUSY claim's two.
         run = subprocess.Popen(
             ["python3", str(d / "consumer.py"), "--claim", p.url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
         )  # fmt: skip
         try:
-            wait_for(lambda: (count(db, "processed"), count(db, "failures")) == (1, 1), 60)
+            wait_for(lambda: (count(db, "processed"), count(db, "failures")) == (1, 3), 60)
+            wait_for(lambda: queues(amqp_url)["claim.dead"] == (2, 0), 30)
         finally:
             run.send_signal(signal.SIGTERM)
             _, err = run.communicate(timeout=60)
         assert run.returncode == 0, err
-        assert p.stats()["total"] == 2
+        stats = p.stats()
+        assert stats["total"] == 4
+    # The exercise's rule, exactly: the BUSY claim (503) is called twice — requeued
+    # once, then dead-lettered — with no delayed retry and no breaker.
+    assert stats["by_guid"][busy] == 2
+    assert rows(db, "SELECT attempt, action FROM failures WHERE msg_id = ? ORDER BY id", busy) == [
+        (1, "requeue"),
+        (2, "dead"),
+    ]
     assert rows(db, "SELECT count(*) FROM processed") == [(1,)]
-    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (1, 0)}
+    # topology.py declared the exercise's objects only: no retry queue.
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (2, 0)}

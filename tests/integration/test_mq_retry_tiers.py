@@ -89,7 +89,7 @@ def test_a_copy_waits_in_its_tier_with_the_messages_body_and_properties(
     db = tmp_path / "p.db"
     with scripted_partner(script) as base:
         proc = start_consumer(
-            amqp_url, base, db, "--retry-delays", "1m", "--immediate-retries", "0"
+            amqp_url, base, db, "--retry-delays", "1m", "--immediate-retries", "0", policy=()
         )
         try:
             wait_for(lambda: queues(amqp_url).get("claim.retry.1m", (0, 0))[0] == 1, 30)
@@ -156,7 +156,7 @@ def test_a_delay_whose_tier_is_gone_is_given_back_never_lost(amqp_url: str, tmp_
     with scripted_partner(script) as base:
         proc = start_consumer(
             amqp_url, base, db, "--retry-delays", "1m", "--immediate-retries", "0",
-            "--no-breaker",
+            "--no-breaker", policy=(),
         )  # fmt: skip
         try:
             wait_for(lambda: consumers(amqp_url) == 1, 30)  # it checked its tier: there

@@ -19,7 +19,23 @@ def test_topology_declares_everything_and_a_second_run_changes_nothing(amqp_url:
     state = broker_state(amqp_url)
     assert state["exchanges"] == [("eai.claim", "direct", True), ("eai.dlx", "direct", True)]
     dlx_args = (("x-dead-letter-exchange", "eai.dlx"), ("x-dead-letter-routing-key", "claim.dead"))
-    assert state["queues"] == [("claim.dead", True, ()), ("claim.in", True, dlx_args)]
+    # The default retry policy's tiers: a TTL each (ms), dead-lettering back to claim.in
+    # through the default exchange, no binding.
+    tiers = [
+        (
+            f"claim.retry.{label}",
+            True,
+            (
+                ("x-dead-letter-exchange", ""),
+                ("x-dead-letter-routing-key", "claim.in"),
+                ("x-message-ttl", ms),
+            ),
+        )
+        for label, ms in (("5s", 5000), ("30s", 30000), ("2m", 120000), ("10m", 600000))
+    ]
+    assert state["queues"] == sorted(
+        [("claim.dead", True, ()), ("claim.in", True, dlx_args), *tiers]
+    )
     assert state["bindings"] == [
         ("eai.claim", "claim.in", "claim"),
         ("eai.dlx", "claim.dead", "claim.dead"),

@@ -19,12 +19,14 @@ ledger = "ledger.db"
 source = "rabbitmq"
 queue = "invoice.in"
 id_field = "invoiceId"
+retry = { delays = ["1s", "1m"] }
 
 [flows.payments]
 source = "rabbitmq"
 queue = "pay"
 exchange = "money"
 dead_letter_queue = "pay.graveyard"
+retry = "exercise"
 
 [flows.files]
 source = "dirq"
@@ -41,6 +43,13 @@ EXPECTED = {
         ("invoice.dead", True, ()),
         ("invoice.in", True, (("x-dead-letter-exchange", "invoice.dlx"),
                               ("x-dead-letter-routing-key", "invoice.dead"))),
+        # Each flow's own retry policy: invoices' two tiers, none for payments.
+        ("invoice.retry.1m", True, (("x-dead-letter-exchange", ""),
+                                    ("x-dead-letter-routing-key", "invoice.in"),
+                                    ("x-message-ttl", 60000))),
+        ("invoice.retry.1s", True, (("x-dead-letter-exchange", ""),
+                                    ("x-dead-letter-routing-key", "invoice.in"),
+                                    ("x-message-ttl", 1000))),
         ("pay", True, (("x-dead-letter-exchange", "pay.dlx"),
                        ("x-dead-letter-routing-key", "pay.graveyard"))),
         ("pay.graveyard", True, ()),
@@ -78,7 +87,7 @@ def test_a_flow_files_unusable_name_is_named_by_its_key_and_nothing_is_created(
     r = cli(amqp_url, "mq", "topology", "--flows", str(tmp_path / "flows.toml"))
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(
-        f"onceq: {tmp_path / 'flows.toml'}: line 11: flows.payments.exchange: 'amq.money': "
+        f"onceq: {tmp_path / 'flows.toml'}: line 12: flows.payments.exchange: 'amq.money': "
     ), r.stderr
     assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}
     # `onceq check` finds it too: a name the broker would refuse is the file's mistake.

@@ -20,6 +20,7 @@ import pytest
 
 from mq_support import (
     CLAIMS,
+    EXERCISE,
     claim_doc,
     consume,
     partner,
@@ -73,7 +74,7 @@ def test_human_summary_says_drained(amqp_url: str, tmp_path: Path) -> None:
 
         r = cli(
             amqp_url, "mq", "consume", "--claim", p.url, "--db", str(tmp_path / "p.db"),
-            "--until-empty",
+            "--until-empty", *EXERCISE,
         )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "1 processed" in r.stdout and "claim.in drained" in r.stdout

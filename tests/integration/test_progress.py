@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mq_support import CLAIMS, partner, publish, topology
+from mq_support import CLAIMS, EXERCISE, partner, publish, topology
 from support import SAMPLE, run_cli
 
 CLEAR = "\r\x1b[2K"
@@ -100,7 +100,8 @@ def test_mq_consume_on_a_terminal_refreshes_progress_piped_shows_none(
     env = {"EAI_AMQP_URL": amqp_url}
     with partner() as p:
         publish(amqp_url, *claims)
-        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3")
+        # The exercise's rule: the 503 is requeued once, then dead (no delayed retry).
+        args = ("mq", "consume", "--claim", p.url, "--max-seconds", "3", *EXERCISE)
         code, out = run_in_pty(*args, "--db", str(tmp_path / "a.db"), env=env)
         assert code == 0, out
         # The sample settles 10 deliveries (the BUSY claim twice); the line is redrawn

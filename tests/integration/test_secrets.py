@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mq_support import claim_doc, publish, topology, write_claims
+from mq_support import EXERCISE, claim_doc, publish, topology, write_claims
 from support import run_cli
 
 TOKEN = st.from_regex(r"[a-z]{2}[0-9]{3}[A-Z]{3}", fullmatch=True)
@@ -87,7 +87,17 @@ def _commands(tmp: Path, claim: str = "http://127.0.0.1:9") -> list[list[str]]:
         ["mq", "status"],
         ["mq", "topology"],
         ["mq", "publish", str(tmp / "claims" / "c00000.json")],
-        ["mq", "consume", "--claim", claim, "--max-seconds", "0.5", "--db", str(tmp / "l.db")],
+        [
+            "mq",
+            "consume",
+            "--claim",
+            claim,
+            "--max-seconds",
+            "0.5",
+            "--db",
+            str(tmp / "l.db"),
+            *EXERCISE,
+        ],
     ]
 
 
@@ -242,7 +252,7 @@ def test_a_url_as_ledger_path_is_masked(claims_vhost: str, place: Path, tmp_path
     """EAI_MQ_DB set to a URL by mistake: refused (its folder does not exist), masked."""
     env = _env(place, EAI_AMQP_URL=claims_vhost)
     env["EAI_MQ_DB"] = "postgres://app:dbSECRET9@db.example/ledger.db"
-    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", env=env, cwd=tmp_path)
+    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", *EXERCISE, env=env, cwd=tmp_path)
     assert r.returncode == 8 and "no such folder" in r.stderr, r.stderr
     assert_no_leak(r.stdout + r.stderr, "dbSECRET9", ["dbSECRET9"], "EAI_MQ_DB")
     assert list(tmp_path.iterdir()) == []

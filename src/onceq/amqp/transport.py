@@ -22,36 +22,14 @@ Reliability choices, each for a reason:
   for a cancelled consumer stays unacked on the channel and is returned, never
   handled half-way.
 
-`until_empty` (a batch job: `onceq mq consume --until-empty`) ends the deliveries
-once the queue is drained (whichever queue it consumes: claim.in is only the claims
-preset's): nothing ready in it and nothing held by this consumer. A passive
-queue.declare alone cannot say so: its count is the *ready* messages only, and a
-message in flight to us (for instance one that this run has just requeued for its
-retry, which the broker hands straight back) is neither ready nor received yet. So,
-when this consumer holds nothing and the queue shows nothing ready, it cancels its
-consumer (after cancel-ok the broker sends it nothing more), asks the broker to
-requeue whatever is still unacked on the channel (basic.recover requeue=true:
-exactly the deliveries that arrived after the cancel was decided and were not handed
-out), and declares again: 0 ready now means drained, by construction (every method
-on a channel is processed in order, so each ack and requeue of ours counts before
-the declare). Otherwise it consumes again under a new tag. An idle timeout alone
-would guess: a slow broker, an outage or a publisher that pauses would end the batch
-early or late. Messages unacked by *other* consumers are theirs, and not waited for.
-With retry tiers the queue is not drained while any tier queue holds a copy (it
-comes back) or while the breaker has paused this consumer. The tiers are counted
-first: a copy expiring meanwhile is already in the work queue when it is counted.
+Who consumes (the consumer's registration, the `--until-empty` drain check
+and the breaker's pause / probe / resume) is `onceq.amqp.control`.
 
 Settles: ACK = ack; REQUEUE and RELEASE = reject(requeue=True) (RELEASE: never
 tried, the breaker is open); DEAD = reject(requeue=False) to the dead-letter
 exchange; DELAY = a confirmed copy into the tier queue of that delay, then the
 ack (onceq.amqp.retry: why that order, and what a failed publish does).
 
-The breaker (`Pausable`): pause() cancels the consumer, and once everything
-handed out is settled, basic.recover(requeue) returns what arrived for the
-cancelled consumer, so nothing sits prefetched while the partner is down (other
-consumers, or this one later, get it). probe() takes one message with basic.get
-(asking again every PROBE_POLL_S while the queue is empty); resume() consumes
-again. The three, and the drain check, run one at a time (`_control`), in order.
 """
 
 from __future__ import annotations
@@ -64,6 +42,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from onceq import faults
+from onceq.amqp.control import ConsumerControl
 from onceq.amqp.retry import publish_copy
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
@@ -77,7 +56,7 @@ log = logging.getLogger(__name__)
 # connection is a second of claims not moving (aio-pika's default is 5).
 RECONNECT_INTERVAL = 1.0
 # --until-empty: seconds without a delivery, while holding nothing, before the queue
-# is asked whether it is drained. Only latency depends on it, never the answer.
+# is asked whether it is drained (onceq.amqp.control). Only latency depends on it.
 IDLE_PROBE_S = 0.2
 # A header `onceq mq publish` gives each published copy: a random id of that copy.
 # A delivery tag names a copy only on one channel; this names it across crashes, so
@@ -86,12 +65,10 @@ IDLE_PROBE_S = 0.2
 # publishers lack it: such a redelivery is still acked without a call, and counted
 # as a duplicate.
 COPY_HEADER = "x-onceq-copy"
-# While paused, how often an empty queue is asked again for the breaker's probe.
-PROBE_POLL_S = 0.5
 _END = object()
 
 
-class AmqpTransport:
+class AmqpTransport(ConsumerControl):
     """Deliveries from one queue through one robust channel with prefetch `prefetch`."""
 
     def __init__(
@@ -205,16 +182,6 @@ class AmqpTransport:
             await close_quietly(self._connection)
             raise
 
-    async def _consume(self) -> None:
-        # Our own tag, set before basic.consume: the first deliveries may reach
-        # _on_message before consume() returns, and must be recognised as ours.
-        if self.paused:  # the breaker's pause outlasts a drain check or a resume in flight
-            return
-        tag = f"onceq-{os.getpid()}-{next(self._tags)}"
-        self._tag = self._active = tag
-        await self._queue.consume(self._on_message, no_ack=False, consumer_tag=tag)
-        self._consuming = True
-
     def _on_connection_lost(self, _connection: Any, exc: BaseException | None = None) -> None:
         if self.stopped.is_set() or exc is None or isinstance(exc, asyncio.CancelledError):
             return  # our own close
@@ -293,44 +260,6 @@ class AmqpTransport:
                         return
                 continue
             await self._changed.wait()
-
-    async def _drained(self) -> bool:
-        """Is the queue drained for this consumer? Consumes again when it is not.
-
-        See the module docstring for why each step is needed. Any broker error (an
-        outage) means "not known to be drained": the run goes on and asks again.
-        """
-        async with self._control_lock:
-            return await self._drained_now()
-
-    async def _drained_now(self) -> bool:
-        if self.stopped.is_set() or not self.connected or self.paused:
-            return False  # paused: the breaker holds the queue, it is not done
-        try:
-            if not self._consuming:  # a check that failed half-way, or an outage
-                await self._consume()
-                return False
-            for tier in self._tier_queues:  # a copy waiting in a tier comes back
-                if (await tier.declare(timeout=CONNECT_TIMEOUT)).message_count:
-                    return False
-            ready = (await self._queue.declare(timeout=CONNECT_TIMEOUT)).message_count
-            if ready or self._held or not self._buffer.empty():
-                return False
-            # From here no delivery is handed out (same step as the check above: no
-            # await in between, so nothing was received meanwhile).
-            tag, self._tag, self._consuming = self._active, None, False
-            await self._queue.cancel(tag, timeout=CONNECT_TIMEOUT)
-            channel = await self._channel.get_underlay_channel()
-            await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
-            ready = (await self._queue.declare(timeout=CONNECT_TIMEOUT)).message_count
-            if ready == 0:
-                return True
-            self.drain_races += 1
-            if not self.stopped.is_set():
-                await self._consume()
-        except Exception as exc:
-            log.info("drain check on %s: %s; asking again", self.queue_name, type(exc).__name__)
-        return False
 
     def stop(self) -> None:
         """Stop taking deliveries (safe to call more than once, e.g. from a signal)."""
@@ -419,89 +348,6 @@ class AmqpTransport:
             # either way no longer ours to settle.
             self._held -= 1
             self._changed.set()
-
-    # --- the breaker's Pausable -------------------------------------------------------
-
-    def pause(self) -> None:
-        """No more deliveries until resume(); what was prefetched goes back (see top)."""
-        if self.paused or self.stopped.is_set():
-            return
-        self.paused = True
-        self._tag = None  # from now on nothing more is handed out
-        self._spawn(self._pause())
-
-    def resume(self) -> None:
-        """Consume again (the breaker closed)."""
-        if not self.paused:
-            return
-        self.paused = False
-        self._end_probe()
-        self._spawn(self._resume())
-
-    def probe(self) -> None:
-        """While paused: hand out one more delivery (the breaker's probe)."""
-        if not self.paused or self.stopped.is_set():
-            return
-        self._end_probe()
-        self._probe_task = self._spawn(self._probe())
-
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _end_probe(self) -> None:
-        # Not cancelled: a basic.get cancelled half-way would leave its get-ok with no
-        # getter, the message unacked on the channel until it closes. The probe loop
-        # sees it is no longer the probe and ends after its current get.
-        self._probe_task = None
-
-    async def _pause(self) -> None:
-        try:
-            async with self._control_lock:
-                if not self.paused or not self._consuming:
-                    return
-                self._tag, self._consuming = None, False
-                await self._queue.cancel(self._active, timeout=CONNECT_TIMEOUT)
-            # What was handed out is settled by the loop (released, untried); only
-            # then is a recover safe: it requeues every unacked delivery of the
-            # channel, and one of ours acked after it would be an unknown tag.
-            while self._held and self.paused and not self.stopped.is_set():
-                self._changed.clear()
-                await self._changed.wait()
-            async with self._control_lock:
-                if self.paused and not self._consuming and not self._held and self.connected:
-                    channel = await self._channel.get_underlay_channel()
-                    await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
-        except Exception as exc:  # an outage: the broker returns them when the channel dies
-            log.info("pause of %s: %s", self.queue_name, type(exc).__name__)
-
-    async def _resume(self) -> None:
-        async with self._control_lock:
-            if self.paused or self._consuming or self.stopped.is_set():
-                return
-            try:
-                await self._consume()
-            except Exception as exc:  # the drain check (or a reconnect) consumes again
-                log.info("resume of %s: %s", self.queue_name, type(exc).__name__)
-
-    async def _probe(self) -> None:
-        me = asyncio.current_task()
-        while self.paused and not self.stopped.is_set() and self._probe_task is me:
-            async with self._control_lock:
-                message = None
-                if self.connected and not self._consuming and self._probe_task is me:
-                    try:
-                        message = await self._queue.get(
-                            no_ack=False, fail=False, timeout=CONNECT_TIMEOUT
-                        )
-                    except Exception as exc:
-                        log.info("probe of %s: %s", self.queue_name, type(exc).__name__)
-                if message is not None:
-                    self._hand_out(message)
-                    return
-            await asyncio.sleep(PROBE_POLL_S)  # an empty queue: a tier may refill it
 
     async def close(self) -> None:
         """Close channel and connection; anything unsettled returns to the queue."""
