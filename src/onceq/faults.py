@@ -28,6 +28,11 @@ Points (each named where it is reached):
                                 before the rest
     after-claim                 dirq: a file was renamed into processing/w-ID/ and
                                 not yet read (recovery by the next consumer)
+    after-retry-link            dirq: a transient failure is committed and its file,
+                                its due time set, linked into retry/, not yet
+                                fsynced nor unlinked from processing/ (two names:
+                                the next consumer must drop the claim, not run it
+                                beside the copy that retry/ hands out)
 
 Cheap when unset: the environment is read once, at import, and `hit` is then a
 function that returns at once (one call per group; per file only for the dirq
@@ -44,7 +49,13 @@ from onceq.errors import UsageError
 
 ENV_POINT = "ONCEQ_FAULT"
 ENV_AFTER = "ONCEQ_FAULT_AFTER"
-POINTS = ("before-commit", "after-commit-before-settle", "mid-settle", "after-claim")
+POINTS = (
+    "before-commit",
+    "after-commit-before-settle",
+    "mid-settle",
+    "after-claim",
+    "after-retry-link",
+)
 
 
 def _armed() -> tuple[str | None, int]:
