@@ -2,7 +2,7 @@
 queue and on RabbitMQ, against `onceq partner invoices` as a real process.
 
 201 processed; 409 recorded as done and counted as a partner duplicate; 422 dead at
-once; 503 transient (quarantined at once on a directory queue, retried once on
+once; 503 transient (retried after delays in retry/ on a directory queue, retried once on
 RabbitMQ); a `{field}` placeholder URL-encoded; two flows in one ledger never refuse
 each other's ids; `onceq run` with two flows in one process; an SQL-effect flow."""
 
@@ -41,14 +41,21 @@ def _flags(url: str) -> list[str]:
 def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     with partner(kind="invoices") as p:
-        r = run_cli("dirq", "consume", str(q), *_flags(p.url), "--keep", "customer,total")
+        r = run_cli(
+            "dirq", "consume", str(q), *_flags(p.url), "--keep", "customer,total",
+            "--retry-delays", "200ms,400ms",
+        )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        # INV-1, 2, 3, 7 created; the resent INV-1 is our duplicate (no call); 422 INV-5,
-        # 503 INV-6 (one try on a directory queue) and the id-less file quarantined.
+        # INV-1, 2, 3, 7 created; the resent INV-1 is our duplicate (no call); 422 INV-5
+        # and the id-less file quarantined at once; the always-busy INV-6 (503) retried
+        # once at once and after each delay (waiting in retry/), then quarantined.
         assert (out["processed"], out["duplicates"], out["quarantined"]) == (4, 1, 3), out
         assert out["reasons"] == {"http-422": 1, "http-503": 1, "missing-field": 1}
+        assert out["requeued_reasons"] == {"http-503": 3}
         assert p.stats()["by_id"].get("INV-1") == 1
+        assert p.stats()["by_id"].get("INV-6") == 4
+        assert not any((q / "retry").iterdir())  # the run ended with nothing waiting
         db = q / "ledger.db"
         assert _rows(db, "SELECT kept FROM messages WHERE msg_id = 'INV-2'") == [
             ('{"customer":"Globex","total":80}',)
@@ -57,8 +64,9 @@ def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
         # never seen them for this flow, the partner has: 409 = done, partner duplicate.
         again = _queue(tmp_path, "q2")
         r = run_cli(
-            "dirq", "consume", str(again), *_flags(p.url), "--db", str(db), "--flow", "resend"
-        )
+            "dirq", "consume", str(again), *_flags(p.url), "--db", str(db), "--flow", "resend",
+            "--retry", "none",
+        )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["partner_duplicates"] == 4 and out["processed"] == 0, out

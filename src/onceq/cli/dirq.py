@@ -19,6 +19,7 @@ from onceq.cli.dirq_results import (
 )
 from onceq.cli.flow_options import flow_name_option, flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
+from onceq.cli.retry_options import retry_options
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -81,6 +82,7 @@ def init(qdir: Path, source: Path | None) -> None:
     help="Files larger than this are not messages (consume quarantines them unread).",
 )
 @flow_options()
+@retry_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     qdir: Path,
@@ -102,9 +104,16 @@ def consume(
     are the exercise's orders (msg_id, order_no, seq, amount into the processed
     table). With them it is your own flow: the id from --id-field, and with
     --url each message is POSTed there (2xx done, 409 done as a partner
-    duplicate, other 4xx quarantined; see --success … --transient). On a
-    directory queue a transient failure (5xx, timeout) is quarantined at once
-    for now: a file gets one try (replay it from error/).
+    duplicate, other 4xx quarantined; see --success … --transient).
+
+    A transient failure (5xx, timeout, refused connection) is retried: once at
+    once, then after 5s, 30s, 2m and 10m, then quarantined (--retry,
+    --immediate-retries, --retry-delays change it; the orders preset has no
+    retry: its only effect is the ledger row). A file waiting for its retry is
+    in QDIR/retry/, due at its modification time; the run ends when inbox/,
+    its claims and retry/ are empty, sleeping until the next retry is due. With
+    --url a circuit breaker holds the files (back to inbox/, no attempt spent)
+    while the partner keeps failing, probing it with one file at a time.
 
     Signals: this is a batch that is to empty the inbox, so a run that a signal
     stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
@@ -118,6 +127,7 @@ def consume(
       onceq dirq consume ./q --workers 2
       onceq dirq consume ./inv --id-field invoiceId --url http://127.0.0.1:9300/api/invoices
       onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
+      onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s
     """
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import Interrupted
@@ -142,7 +152,17 @@ def consume(
 def _consume_flow(
     qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
 ) -> Any:
-    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options)."""
+    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options),
+    with the retry and breaker flags applied (the preset keeps none unless given)."""
+    from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry
+
+    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
+    return apply_retry(_base_flow(qdir, workers, required, max_bytes, flags), retry_values)
+
+
+def _base_flow(
+    qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
+) -> Any:
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
     from onceq.flow import DirSource, orders_flow
 
@@ -192,10 +212,12 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     """Print `inbox=N processing=N error=N`; exit 1 when inbox > THRESHOLD.
 
     Counts message files only (not dotfiles or *.tmp partial writes), including
-    the files claimed in every processing/w-*/ worker folder. Exit 0 when the
-    inbox holds THRESHOLD files or fewer, 1 when more, 2 for any bad argument:
-    no such queue folder (3 in the other commands; a monitor reads only 0, 1
-    and 2 here), or THRESHOLD not a non-negative integer.
+    the files claimed in every processing/w-*/ worker folder. Once a file has
+    waited for a retry the queue has a retry/ folder, and the line ends with
+    ` retry=N`: those files wait too, so the threshold is then compared with
+    inbox + retry. Exit 0 when that many files or fewer wait, 1 when more, 2
+    for any bad argument: no such queue folder (3 in the other commands; a
+    monitor reads only 0, 1 and 2 here), or THRESHOLD not a non-negative integer.
 
     \b
     Example:
@@ -208,17 +230,19 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     if not threshold.isascii() or not threshold.isdigit():
         raise UsageError(f"threshold {threshold!r}: not a non-negative integer")
     limit = int(threshold)
+    queue = DirQueue(qdir)
     try:
-        counts = DirQueue(qdir).counts(("inbox", "processing", "error"))
+        counts = queue.counts(("inbox", "processing", "error", "retry"))
     except NotFound as exc:  # a wrong folder is a bad argument here (exit 2, not 3)
         raise UsageError(str(exc)) from exc
-    over = counts["inbox"] > limit
+    waiting = counts["inbox"] + counts["retry"]
+    over = waiting > limit
     if as_json:
-        emit_json({**counts, "threshold": limit, "over": over})
+        emit_json({**counts, "waiting": waiting, "threshold": limit, "over": over})
     else:
-        click.echo(
-            f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
-        )
+        line = f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
+        # Without retry/ the line is exactly the exercise's (a monitor may parse it).
+        click.echo(line + (f" retry={counts['retry']}" if queue.has_retry() else ""))
     if over:
         click.get_current_context().exit(1)
 

@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 
 from onceq.dirq.files import fsync_dir, is_message_name, open_dir
+from onceq.dirq.queue import RETRY
 
 log = logging.getLogger(__name__)
-
-RETRY = "retry"
 
 
 def open_retry(root: Path, create: bool) -> int | None:
