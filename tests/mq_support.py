@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -149,16 +149,17 @@ class Partner:
     """A partner stub as a real subprocess (`python -m onceq partner KIND`).
 
     kind: "claim" (the claim system, ids counted by_guid) or "invoices" (the invoice
-    partner, ids counted by_id).
+    partner, ids counted by_id). args: more options, e.g. ("--down-for", "12",
+    "--down-as", "refuse") for an outage from its start.
     """
 
-    def __init__(self, delay: float = 0.0, kind: str = "claim") -> None:
+    def __init__(self, delay: float = 0.0, kind: str = "claim", args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.id_stat = "by_guid" if kind == "claim" else "by_id"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "onceq", "partner", kind, "--port", str(self.port),
-             "--delay", str(delay)],
+             "--delay", str(delay), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -186,6 +187,11 @@ class Partner:
     def held(self) -> int:
         return int(self.stats()["held"])
 
+    def outage(self, mode: str, seconds: float, retry_after: int | None = None) -> dict[str, Any]:
+        """Down from now for `seconds` (refuse | 503 | hang), then back by itself."""
+        extra = "" if retry_after is None else f"&retry_after={retry_after}"
+        return self._post(f"/_outage?mode={mode}&seconds={seconds}{extra}")
+
     def check_keys(self) -> dict[str, Any]:
         """Every call carried Idempotency-Key == the body's id (the message_id)."""
         stats = self.stats()
@@ -199,7 +205,9 @@ class Partner:
 
 
 @contextmanager
-def partner(delay: float = 0.0, *, keys: bool = True, kind: str = "claim") -> Iterator[Partner]:
+def partner(
+    delay: float = 0.0, *, keys: bool = True, kind: str = "claim", args: Sequence[str] = ()
+) -> Iterator[Partner]:
     """The stub for the block's duration.
 
     keys: on leaving the block normally, assert that every call the stub saw carried
@@ -207,7 +215,7 @@ def partner(delay: float = 0.0, *, keys: bool = True, kind: str = "claim") -> It
     the header the claim system deduplicates by; only a test that posts by hand
     turns it off. kind: which stub ("claim" or "invoices").
     """
-    p = Partner(delay, kind)
+    p = Partner(delay, kind, args)
     try:
         yield p
         if keys and p.proc.poll() is None:

@@ -112,6 +112,8 @@ def test_stats_count_every_call_and_check_the_key_against_the_invoice_id() -> No
             "peak_in_flight": 1,
             "held": 0,
             "held_keys": [],
+            "outage": None,
+            "calls_during_outage": 0,
         }
         with pytest.raises(AssertionError):
             p.check_keys()

@@ -14,6 +14,10 @@ answers, which body field is the message id, and what status a body gets.
     POST /_hold        from now on every call waits (counted, unanswered) until released
     POST /_release     answers every held call and stops holding;
                        ?n=K answers only the K oldest held calls and keeps holding
+    POST /_outage      ?mode=refuse|503|hang&seconds=S[&retry_after=N]: down for S
+                       seconds, then back by itself (onceq.partner.outage); /_stats
+                       shows "outage": {"mode", "remaining_s"} (null when up) and
+                       "calls_during_outage"
 
 Every call is counted before the answer (a 422 or 503 is still a call the partner
 saw), so tests can prove "called exactly once" and "called twice, then dead". The
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from onceq.errors import UsageError
+from onceq.partner.outage import Outage, check
 
 
 class RuleSet(Protocol):
@@ -136,14 +141,24 @@ class Gate:
         return released
 
 
-def make_app(rules: RuleSet, delay: float = 0.0) -> Any:
+def make_app(rules: RuleSet, delay: float = 0.0, outage: Outage | None = None) -> Any:
     from aiohttp import web
 
     stats = Stats(rules.id_stat, tuple(rules.tallies))
     gate = Gate()
+    if outage is None:
+        outage = Outage(rules.title)
 
     async def post(request: web.Request) -> web.Response:
         raw = await request.read()
+        stats.total += 1
+        turned = await outage.turn_away()
+        if turned is not None:
+            # Down: the front door answers; the rule set and its counters never see
+            # the call (onceq.partner.outage says why).
+            status, headers = turned
+            stats.by_status[str(status)] += 1
+            return web.json_response({"error": "partner down"}, status=status, headers=headers)
         try:
             doc = json.loads(raw)
         except (ValueError, RecursionError):
@@ -152,7 +167,6 @@ def make_app(rules: RuleSet, delay: float = 0.0) -> Any:
         key = request.headers.get("Idempotency-Key")
         body_id = body.get(rules.id_field)
         ident = str(body_id or key or "")
-        stats.total += 1
         stats.by_id[ident] += 1
         if key is None:
             stats.key_missing += 1
@@ -177,12 +191,39 @@ def make_app(rules: RuleSet, delay: float = 0.0) -> Any:
 
     async def get_stats(request: web.Request) -> web.Response:
         held = gate.held_keys
-        return web.json_response({**stats.as_dict(), "held": len(held), "held_keys": held})
+        return web.json_response(
+            {
+                **stats.as_dict(),
+                "held": len(held),
+                "held_keys": held,
+                "outage": outage.as_dict(),
+                "calls_during_outage": outage.calls,
+            }
+        )
 
     async def reset(request: web.Request) -> web.Response:
         stats.reset()
         rules.reset()
+        outage.calls = 0  # the counter only: a reset does not end an outage under way
         return web.json_response({"reset": True})
+
+    async def start_outage(request: web.Request) -> web.Response:
+        q = request.query
+        try:
+            mode = q.get("mode", "")
+            seconds = float(q.get("seconds", "nan"))
+            retry_after = int(q["retry_after"]) if "retry_after" in q else None
+        except ValueError:
+            return web.json_response(
+                {"error": "seconds or retry_after is not a number"}, status=400
+            )
+        why = check(mode, seconds, retry_after)
+        if why:
+            return web.json_response({"error": why}, status=400)
+        why = await outage.start(mode, seconds, retry_after)
+        if why:
+            return web.json_response({"error": why}, status=409)
+        return web.json_response({"outage": outage.as_dict()})
 
     async def hold(request: web.Request) -> web.Response:
         gate.holding = True
@@ -201,23 +242,35 @@ def make_app(rules: RuleSet, delay: float = 0.0) -> Any:
     app.router.add_post("/_reset", reset)
     app.router.add_post("/_hold", hold)
     app.router.add_post("/_release", release)
+    app.router.add_post("/_outage", start_outage)
 
     async def answer_the_held(app: web.Application) -> None:
         gate.release()  # a stop must not wait out aiohttp's shutdown timeout on held calls
+        await outage.end(quiet=True)  # nor on hung calls
 
     app.on_shutdown.append(answer_the_held)
     app["stats"] = stats
+    app["outage"] = outage
     return app
 
 
 async def serve(
-    rules: RuleSet, host: str, port: int, delay: float, out: TextIO = sys.stdout
+    rules: RuleSet,
+    host: str,
+    port: int,
+    delay: float,
+    out: TextIO = sys.stdout,
+    down: tuple[str, float, int | None] | None = None,
 ) -> None:
-    """Listen until SIGTERM / SIGINT, then close the listener and open requests cleanly."""
+    """Listen until SIGTERM / SIGINT, then close the listener and open requests cleanly.
+
+    down: (mode, seconds, retry_after) of an outage that starts with the stub.
+    """
     from aiohttp import web
 
+    outage = Outage(rules.title, out)
     # access_log=None: one log line per request would make the stub the bottleneck.
-    runner = web.AppRunner(make_app(rules, delay), access_log=None)
+    runner = web.AppRunner(make_app(rules, delay, outage), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -226,7 +279,34 @@ async def serve(
         await runner.cleanup()
         raise UsageError(f"{host}:{port}: cannot listen: {exc.strerror or exc}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
+
+    async def close_listener() -> None:
+        nonlocal site
+        await site.stop()
+        # Kept-alive connections too: a client's pooled connection would otherwise
+        # still reach a stub that "refuses connections". A busy one closes after its
+        # answer.
+        for handler in runner.server.connections if runner.server is not None else ():
+            handler.close()
+
+    async def open_listener() -> None:
+        nonlocal site
+        # The same port: the client's URL must work again. A new site, as a stopped
+        # one is unregistered from the runner.
+        site = web.TCPSite(runner, host, bound)
+        await site.start()
+
+    outage.close_listener, outage.open_listener = close_listener, open_listener
+    if down is not None:
+        # Down before the listening line is printed: whoever waits for that line to
+        # connect meets the outage, never a moment of a stub that is up.
+        why = await outage.start(*down, announce=False)
+        if why:
+            await runner.cleanup()
+            raise UsageError(f"--down-for/--down-as: {why}")
     out.write(f"{rules.title} stub listening on http://{host}:{bound}\n")
+    if down is not None:
+        out.write(outage.down_line(down[0], down[1]) + "\n")
     out.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -235,10 +315,20 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        await outage.end(quiet=True)
         await runner.cleanup()
 
 
-def run_stub(new_rules: Callable[[], RuleSet], host: str, port: int | None, delay: float) -> None:
-    """Run a stub of `new_rules()` (on its default port when port is None) until a signal."""
+def run_stub(
+    new_rules: Callable[[], RuleSet],
+    host: str,
+    port: int | None,
+    delay: float,
+    down: tuple[str, float, int | None] | None = None,
+) -> None:
+    """Run a stub of `new_rules()` (on its default port when port is None) until a signal.
+
+    down: (mode, seconds, retry_after): an outage from the start (onceq.partner.outage).
+    """
     rules = new_rules()
-    asyncio.run(serve(rules, host, rules.default_port if port is None else port, delay))
+    asyncio.run(serve(rules, host, rules.default_port if port is None else port, delay, down=down))
