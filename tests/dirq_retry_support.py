@@ -59,6 +59,21 @@ class ScriptedPartner:
             self.calls.append(Call(ident, time.time(), status))
             return status, after
 
+    def settled(self, quiet: float = 0.3, timeout: float = 10.0) -> None:
+        """Wait until no call has come for `quiet` seconds.
+
+        A consumer killed with -9 may have sent requests that this server has not
+        answered (nor recorded) yet: they are still in its accept queue. Counting
+        its calls before those are in would miss a call the kill caught.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                last = self.calls[-1].at if self.calls else 0.0
+            if time.time() - last >= quiet:
+                return
+            time.sleep(0.05)
+
     def times(self, ident: str) -> list[float]:
         with self.lock:
             return [c.at for c in self.calls if c.id == ident]
