@@ -96,7 +96,7 @@ def scripted_partner(**kw: object) -> Iterator[ScriptedPartner]:
     p = ScriptedPartner(**kw)  # type: ignore[arg-type]
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             ident = str(json.loads(body).get("id"))
             status, after = p.answer(ident)

@@ -25,6 +25,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+
 from dirq_retry_support import ScriptedPartner, all_places, files, flags, make_queue
 from dirq_retry_support import scripted_partner as partner_ctx
 from support import run_cli
