@@ -8,8 +8,9 @@ is written in the same transaction as that row, and the transport settles (moves
 the file, acks the delivery) only after the transaction is durable.
 
 Every read and write is scoped to the ledger's flow: two flows in one file never
-refuse each other's ids. Only the consume loop writes here (plus `replay`, which
-records a human's action).
+refuse each other's ids. Only the consume loop writes here, plus the replays and
+dead-letter operations a human runs (`onceq.ledger_ops`: attempts, dead letters,
+replays and their audit).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from onceq import ledger_sql
 from onceq.effect import SqlEffect
 from onceq.errors import LedgerError, UsageError
 from onceq.ledger_db import connect, connect_or_create, deny_attach
+from onceq.ledger_ops import LedgerOps
 from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure, record_successes
 from onceq.ledger_values import INT64_MAX, INT64_MIN, is_data_error, is_utf8, text, unstorable
 from onceq.transport import Delivery, Kind, Settle
@@ -118,7 +120,7 @@ class Entry:
         self.reason, self.detail = "ledger-refused", detail
 
 
-class Ledger:
+class Ledger(LedgerOps):
     """The ledger at `path`, for the flow `flow`. `source` tags rows ('dirq', 'amqp').
 
     `sql` is the flow's SQL effect: its `setup` runs when the ledger opens, its
@@ -181,20 +183,6 @@ class Ledger:
         )
         return None if row is None else (row[0] or "")
 
-    def failed_attempts(self, msg_id: str) -> int:
-        row = self._q1(
-            "SELECT count(*) FROM failures WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
-        )
-        return int(row[0]) if row else 0
-
-    def failures_in(self, conn: sqlite3.Connection, msg_id: str | None) -> int:
-        """failed_attempts inside the writer's open transaction."""
-        return int(
-            conn.execute(
-                "SELECT count(*) FROM failures WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
-            ).fetchone()[0]
-        )
-
     def counts(self, *, all_flows: bool = False) -> dict[str, int]:
         """Rows per table for this flow ('processed' = messages that took effect), or
         for every flow in the file with all_flows=True."""
@@ -223,14 +211,6 @@ class Ledger:
             (text(ref), self.flow),
         )
         return None if row is None else (row[0], row[1])
-
-    def dead_letters(self) -> list[dict[str, Any]]:
-        cols, rows = self._rows(
-            "SELECT msg_id, ref, reason, detail, attempt, at FROM failures"
-            " WHERE flow = ? AND action = 'dead' ORDER BY id",
-            (self.flow,),
-        )
-        return [dict(zip(cols, r, strict=True)) for r in rows]
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read-only query (order checks); returns (columns, rows)."""
@@ -384,10 +364,3 @@ class Ledger:
                     e.recovered = True
                 else:
                     record_failure(conn, self.flow, self.source, e, now)
-
-    def record_replay(self, ref: str) -> None:
-        with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO replays (flow, ref, at) VALUES (?,?,?)",
-                (self.flow, text(ref), utcnow()),
-            )

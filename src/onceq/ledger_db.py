@@ -2,13 +2,15 @@
 
 `connect` opens (and, when asked, creates) a ledger with WAL, synchronous=FULL and a
 long busy timeout, and refuses a database of another schema before writing to it.
-A ledger of onceq 0.1.0 (no schema version) is migrated in place on first open
-(`onceq.ledger_migrate`). The record-keeping itself is `onceq.ledger.Ledger`.
+A ledger of onceq 0.1.0 (no schema version) or of schema 2 is migrated in place on
+first open (`onceq.ledger_migrate`). The record-keeping itself is `onceq.ledger.Ledger`.
 
 The schema carries its version in `PRAGMA user_version` (a field of the file's
 header, written in the same transaction as the tables): 0 is 0.1.0's (or no onceq
-ledger yet), 2 is this one. A version above ours is a newer onceq's ledger and is
-refused: writing to a schema we do not know could break its rules silently.
+ledger yet), 2 is issue 7's (flows), 3 is this one (retry delays, replays that reset
+a message's attempts, the dead-letter operations' audit). A version above ours is a
+newer onceq's ledger and is refused: writing to a schema we do not know could break
+its rules silently.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from pathlib import Path
 
 from onceq.errors import LedgerError, NotFound
 
-VERSION = 2
+VERSION = 3
+KNOWN = (0, 2, 3)  # the versions this onceq opens (0 and 2 are migrated to 3)
 
+# No ';' inside a comment: the migration runs this DDL statement by statement.
 # WITHOUT ROWID: `messages` is only ever reached by its key, so the rows live in the
 # primary key's own B-tree (one tree to write per message, not a table and an index).
 SCHEMA = """
@@ -53,16 +57,38 @@ CREATE TABLE IF NOT EXISTS failures (
     reason  TEXT NOT NULL,          -- parse, missing-field, http-422, sql-rejected …
     detail  TEXT NOT NULL DEFAULT '',
     attempt INTEGER NOT NULL,
-    action  TEXT NOT NULL,          -- requeue | dead
-    at      TEXT NOT NULL
+    action  TEXT NOT NULL,          -- requeue | delay | dead
+    at      TEXT NOT NULL,
+    delay_s REAL                    -- the retry tier's delay (NULL unless action = delay)
 );
 CREATE INDEX IF NOT EXISTS failures_msg ON failures(flow, msg_id);
 CREATE INDEX IF NOT EXISTS failures_ref ON failures(ref);
+-- A replay gives a dead message its retries again: the failures of its msg_id with
+-- id <= reset_after no longer count as attempts (reset_after = max(failures.id) of
+-- the msg_id when it was replayed, 0 when the msg_id is not known).
 CREATE TABLE IF NOT EXISTS replays (
-    id   INTEGER PRIMARY KEY,
-    flow TEXT NOT NULL,
-    ref  TEXT NOT NULL,
-    at   TEXT NOT NULL
+    id          INTEGER PRIMARY KEY,
+    flow        TEXT NOT NULL,
+    ref         TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    msg_id      TEXT,
+    op          INTEGER,                    -- dead_ops.id, NULL for a single-file replay
+    reset_after INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS replays_msg ON replays(flow, msg_id);
+-- The audit of every dead-letter operation: when, what, which filter, how many.
+-- finished_at stays NULL while it runs, and for good when it was killed.
+CREATE TABLE IF NOT EXISTS dead_ops (
+    id          INTEGER PRIMARY KEY,
+    flow        TEXT NOT NULL,
+    transport   TEXT NOT NULL CHECK (transport IN ('amqp', 'dirq')),
+    op          TEXT NOT NULL CHECK (op IN ('replay', 'purge')),
+    filter      TEXT NOT NULL DEFAULT '{}', -- the filter as given, a JSON object
+    queue       TEXT NOT NULL DEFAULT '',
+    started_at  TEXT NOT NULL,
+    finished_at TEXT,
+    count       INTEGER NOT NULL DEFAULT 0, -- messages replayed / purged so far
+    ids         TEXT NOT NULL DEFAULT '[]'  -- purge: the msg_ids / refs it removed
 );
 """
 
@@ -128,7 +154,7 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
             # One transaction: a concurrent opener never sees half a schema, nor tables
             # without their version.
             conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={VERSION};COMMIT;")
-        elif state == "v0":
+        elif state == "old":
             migrate(conn, p)
     except (sqlite3.Error, OSError, LedgerError) as exc:
         # Close now: a sqlite3 connection sits in a reference cycle (its statement
@@ -178,14 +204,14 @@ def missing_columns(have: dict[str, set[str]], want: dict[str, set[str]]) -> lis
 
 
 def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
-    """'new' (no onceq tables yet: to be made), 'v2' (ours) or 'v0' (0.1.0's: to be
-    migrated); LedgerError for anything else.
+    """'new' (no onceq tables yet: to be made), 'ours' (schema 3) or 'old' (0.1.0's or
+    schema 2: to be migrated); LedgerError for anything else.
 
     A database with a `processed` table of other columns (the seed's tutorial ledger)
     would refuse every insert, and a refused insert reads as a refused *message*: each
     good message would be quarantined. It is refused as a whole.
     """
-    from onceq.ledger_migrate import V1_TABLES
+    from onceq.ledger_migrate import V1_TABLES, V2_TABLES
 
     version = user_version(conn)
     if version > VERSION:
@@ -200,9 +226,14 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
             raise LedgerError(
                 f"{p}: a damaged ledger (schema {VERSION}, missing {', '.join(missing)})"
             )
-        return "v2"
-    if version != 0:
-        raise LedgerError(f"{p}: an unknown ledger schema {version} (this onceq knows 0 and 2)")
+        return "ours"
+    if version == 2:
+        missing = missing_columns(have, V2_TABLES)
+        if missing:
+            raise LedgerError(f"{p}: a damaged ledger (schema 2, missing {', '.join(missing)})")
+        return "old"
+    if version not in KNOWN:
+        raise LedgerError(f"{p}: an unknown ledger schema {version} (this onceq knows 0, 2, 3)")
     ours = [t for t in (*expected(), *V1_TABLES) if t in have]
     if create and not ours:
         return "new"  # a new database (or someone else's) that we may create our tables in
@@ -214,4 +245,4 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
             f"{p}: a ledger of another schema (missing {', '.join(missing)});"
             " use a new --db or migrate it"
         )
-    return "v0"
+    return "old"

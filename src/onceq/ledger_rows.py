@@ -197,11 +197,19 @@ def record_duplicate(conn: sqlite3.Connection, flow: str, source: str, e: Entry,
 # failures.action: what the failure led to.
 ACTIONS = {Settle.REQUEUE: "requeue", Settle.DELAY: "delay", Settle.DEAD: "dead"}
 
+# The most of a failure's detail that is stored, in characters. One message makes at
+# most max_attempts rows per replay, so with the cap nothing one message does (a
+# partner answering 503 with a 1 MB page, an exception quoting the whole document)
+# grows the ledger without bound. Applied here, the one place a failure is written;
+# the effects shorten their details too, but this is the one that holds.
+DETAIL_CAP = 500
+
 
 def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
+    action = ACTIONS.get(e.settle, "dead")
     conn.execute(
         "INSERT INTO failures (flow, msg_id, ref, source, reason, detail, attempt,"
-        " action, at) VALUES (?,?,?,?,?,?,?,?,?)",
+        " action, at, delay_s) VALUES (?,?,?,?,?,?,?,?,?,?)",
         (
             flow,
             # A failure row is the record of a message that went wrong, so nothing in
@@ -210,9 +218,12 @@ def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, n
             text(e.delivery.ref),
             source,
             text(e.reason),
-            text(e.detail),
+            # Cut before `text` (which walks the string), and cut again after: making a
+            # lone surrogate safe may lengthen it.
+            text(str(e.detail)[:DETAIL_CAP])[:DETAIL_CAP],
             e.attempt,
-            ACTIONS.get(e.settle, "dead"),
+            action,
             now,
+            float(e.delivery.delay) if action == "delay" else None,
         ),
     )

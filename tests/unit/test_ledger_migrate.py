@@ -1,4 +1,4 @@
-"""A ledger written by onceq 0.1.0 is migrated to schema 2 in place, in one transaction.
+"""A ledger written by onceq 0.1.0 is migrated to schema 3 in place, in one transaction.
 
 `make_v010_ledger` builds a real 0.1.0 ledger: 0.1.0's DDL (verbatim from
 `git show 036b324:src/onceq/ledger_db.py`), WAL as 0.1.0 set it, and rows in every
@@ -106,7 +106,7 @@ def test_a_010_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
         assert ledger.failed_attempts("m-7") == 1
         assert ledger.last_failure("msg-010.json") == ("missing-field", "amount")
         assert ledger.counts() == {"processed": 4, "duplicates": 1, "failures": 3, "replays": 1}
-    assert q(path, "PRAGMA user_version") == [(2,)]
+    assert q(path, "PRAGMA user_version") == [(3,)]
     assert q(
         path,
         "SELECT flow, msg_id, grp, seq, kept, partner_duplicate, processed_at, source, ref"
@@ -128,9 +128,14 @@ def test_a_010_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
     assert q(path, "SELECT * FROM processed ORDER BY processed_at") == PROCESSED  # left as is
     assert q(path, "SELECT * FROM duplicates") == [("default", *r) for r in DUPLICATES]
     assert q(path, "SELECT * FROM failures ORDER BY id") == [
-        (r[0], "default", *r[1:]) for r in FAILURES
+        (r[0], "default", *r[1:], None)
+        for r in FAILURES  # delay_s: none was delayed
     ]
-    assert q(path, "SELECT * FROM replays") == [(3, "default", "msg-009.json", "2026-01-01T00:04")]
+    # the replay's file failed before it unparsed (msg_id NULL): nothing to reset
+    assert q(path, "SELECT * FROM replays") == [
+        (3, "default", "msg-009.json", "2026-01-01T00:04", None, None, 0)
+    ]
+    assert q(path, "SELECT count(*) FROM dead_ops") == [(0,)]
     assert q(path, "SELECT json_extract(kept, '$.amount') FROM messages WHERE msg_id='m-2'") == [
         (350.5,)
     ]
@@ -226,7 +231,7 @@ def test_a_newer_ledger_is_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     Ledger(path).close()
     with open_db(path) as conn:
-        conn.execute("PRAGMA user_version = 3")
+        conn.execute("PRAGMA user_version = 4")
     before = dump(path)
     r = run_cli("dirq", "order-check", "--db", str(path))
     assert r.returncode == 8
