@@ -17,8 +17,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from dirq_retry_support import files
 
+from dirq_retry_support import files
 from mq_support import partner
 from support import run_cli
 
