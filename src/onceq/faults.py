@@ -33,6 +33,8 @@ Points (each named where it is reached):
                                 fsynced nor unlinked from processing/ (two names:
                                 the next consumer must drop the claim, not run it
                                 beside the copy that retry/ hands out)
+    mid-replay                  dirq replay --all/--reason: a file is linked into
+                                inbox/ and still in error/ (its replay recorded)
 
 Cheap when unset: the environment is read once, at import, and `hit` is then a
 function that returns at once (one call per group; per file only for the dirq
@@ -55,6 +57,7 @@ POINTS = (
     "mid-settle",
     "after-claim",
     "after-retry-link",
+    "mid-replay",
 )
 
 

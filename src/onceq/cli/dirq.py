@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onceq.cli.dirq_dead import dead, replay
 from onceq.cli.dirq_results import (
     DB_HELP,
     DEFAULT_REQUIRED,
@@ -17,7 +18,7 @@ from onceq.cli.dirq_results import (
     report,
     schema,
 )
-from onceq.cli.flow_options import flow_name_option, flow_options
+from onceq.cli.flow_options import flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
 
@@ -37,7 +38,7 @@ def dirq() -> None:
     """
 
 
-for _command in (schema, order_check, report):
+for _command in (schema, order_check, report, replay, dead):
     dirq.add_command(_command)
 
 
@@ -245,40 +246,3 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
         click.echo(line + (f" retry={counts['retry']}" if queue.has_retry() else ""))
     if over:
         click.get_current_context().exit(1)
-
-
-@dirq.command(context_settings={"ignore_unknown_options": True})
-@click.argument("qdir", type=QDIR)
-@click.argument("file")
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@flow_name_option("The flow that quarantined FILE (its replay is recorded under that flow).")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def replay(qdir: Path, file: str, db: Path | None, flow_name: str, as_json: bool) -> None:
-    """Move error/FILE back to inbox/FILE and record the replay in the ledger.
-
-    FILE is a plain file name in QDIR/error/. A refused replay changes nothing,
-    neither the folders nor the ledger: exit 2 for a bad name ('..', 'a/b', ''),
-    3 when error/FILE does not exist, 4 when inbox/FILE already exists.
-
-    \b
-    Example:
-      onceq dirq replay ./q msg-009.json && onceq dirq consume ./q
-    """
-    from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger, check_flow_name
-
-    check_flow_name(flow_name)  # before anything moves: a refusal changes nothing
-    queue = DirQueue(qdir)
-
-    def record(name: str) -> None:
-        # Opened only once every check has passed: a refusal never creates the ledger.
-        with Ledger(db or queue.default_db, flow=flow_name) as ledger:
-            if ledger.created:
-                note_new_ledger(ledger.path)
-            ledger.record_replay(name)
-
-    dst = queue.replay(file, record)
-    if as_json:
-        emit_json({"replayed": file, "to": str(dst)})
-    else:
-        click.echo(f"{qdir}: error/{file} -> inbox/{file} (replay recorded)")

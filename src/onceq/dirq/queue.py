@@ -117,8 +117,11 @@ class DirQueue:
         Every check runs before anything changes, and `record` (which opens the
         ledger) is reached only by a replay that will happen: a refused replay
         leaves the folders and the database (even its absence) exactly as they were.
-        `record` runs after the file is linked into the inbox and before it leaves
-        error/: if recording fails the link is undone, so no replay goes unrecorded.
+        `record` runs BEFORE the file is linked into the inbox: a consumer may claim
+        it the instant it is there, and must then find its attempts reset (schema
+        3), not the old count that made it dead. If recording fails nothing has
+        moved; a producer racing us for inbox/NAME after the checks leaves only a
+        replay row behind (it resets a count: harmless), never a replaced file.
         """
         check_name(name)  # a bad name is a usage error whatever the folder holds
         self.check()
@@ -130,16 +133,12 @@ class DirQueue:
             raise UsageError(f"{src}: not a regular file; move it by hand")
         if os.path.lexists(dst):
             raise Conflict(f"{dst}: already in the inbox")
+        if record is not None:
+            record(name)
         try:
             os.link(src, dst)  # EEXIST refuses: never replaces a queued message
         except FileExistsError as exc:
             raise Conflict(f"{dst}: already in the inbox") from exc
-        try:
-            if record is not None:
-                record(name)
-        except BaseException:
-            os.unlink(dst)
-            raise
         os.unlink(src)
         fsync_dir(self.folder("inbox"))
         fsync_dir(self.folder("error"))
