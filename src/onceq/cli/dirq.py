@@ -215,10 +215,11 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     Counts message files only (not dotfiles or *.tmp partial writes), including
     the files claimed in every processing/w-*/ worker folder. Once a file has
     waited for a retry the queue has a retry/ folder, and the line ends with
-    ` retry=N`: those files wait too, so the threshold is then compared with
-    inbox + retry. Exit 0 when that many files or fewer wait, 1 when more, 2
-    for any bad argument: no such queue folder (3 in the other commands; a
-    monitor reads only 0, 1 and 2 here), or THRESHOLD not a non-negative integer.
+    ` retry=N` (and --json has "retry" and "waiting"): those files wait too, so
+    the threshold is then compared with inbox + retry. Exit 0 when that many
+    files or fewer wait, 1 when more, 2 for any bad argument: no such queue
+    folder (3 in the other commands; a monitor reads only 0, 1 and 2 here), or
+    THRESHOLD not a non-negative integer.
 
     \b
     Example:
@@ -238,11 +239,15 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
         raise UsageError(str(exc)) from exc
     waiting = counts["inbox"] + counts["retry"]
     over = waiting > limit
+    # Without retry/ both outputs are exactly the exercise's (a monitor may parse them).
+    has_retry = queue.has_retry()
     if as_json:
-        emit_json({**counts, "waiting": waiting, "threshold": limit, "over": over})
+        if not has_retry:
+            del counts["retry"]
+        extra = {"waiting": waiting} if has_retry else {}
+        emit_json({**counts, **extra, "threshold": limit, "over": over})
     else:
         line = f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
-        # Without retry/ the line is exactly the exercise's (a monitor may parse it).
-        click.echo(line + (f" retry={counts['retry']}" if queue.has_retry() else ""))
+        click.echo(line + (f" retry={counts['retry']}" if has_retry else ""))
     if over:
         click.get_current_context().exit(1)
