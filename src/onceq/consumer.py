@@ -21,6 +21,11 @@ reliability argument, so it lives in one place:
 
 Grouping is the main speed trick: many outcomes share one commit (one fsync) and
 one settle, but no settle ever precedes the commit of its own record.
+
+The circuit breaker (onceq.breaker) sits before the call: while it is open a copy
+is HELD (settled RELEASE: nothing recorded, no attempt spent) and the transport is
+paused; a due probe asks it for one copy. A transport that cannot pause keeps its
+copies waiting here instead (bounded by max_in_flight).
 """
 
 from __future__ import annotations
@@ -28,16 +33,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from onceq import faults
+from onceq.breaker import CLOSED, OPEN, Breaker
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
 from onceq.retry import BreakerPolicy, RetryPolicy
-from onceq.transport import Delivery, Kind, Settle, Transport
+from onceq.stats import COUNTS, Stats
+from onceq.transport import Delivery, Kind, Transport
+
+__all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_effect"]
 
 log = logging.getLogger(__name__)
 
@@ -66,93 +74,6 @@ Handler = Callable[[Delivery, dict[str, Any]], Awaitable[Outcome]]
 async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
     """Handler for queues whose effect is the ledger row itself."""
     return Outcome(Kind.SUCCESS, fields=fields)
-
-
-# The counters a summary reports, in the order it reports them.
-COUNTS = (
-    "received",
-    "processed",
-    "duplicates",
-    "partner_duplicates",
-    "recovered",
-    "requeued",
-    "held",
-    "dead",
-)
-
-
-@dataclass
-class Stats:
-    """What one run did, by final outcome.
-
-    `reasons` counts the dead letters by reason, and only them: a summary that mixed
-    in the retries would report more failures than messages were lost. A requeue is
-    not a verdict (the copy comes back), so its reasons are kept apart.
-    `dead_word` is the transport's name for a dead letter ("quarantined" for a
-    directory queue, whose error/ folder holds them); JSON and human summaries both
-    use it, so a user meets one word for one outcome.
-    """
-
-    received: int = 0
-    processed: int = 0
-    duplicates: int = 0
-    # Done, but the partner said it already had it (an HTTP 409 by default): the
-    # message is recorded like any success and counted apart, so a run that only
-    # re-sent what a partner held does not read as one that created everything.
-    partner_duplicates: int = 0
-    recovered: int = 0  # committed by a crashed run; only the settle was redone
-    requeued: int = 0  # retried: at once (requeue) or after a delay (a retry tier)
-    held: int = 0  # given back untried while the breaker was open (no attempt spent)
-    dead: int = 0
-    reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
-    requeued_reasons: Counter[str] = field(default_factory=Counter)
-    dead_word: str = field(default="dead", compare=False)
-
-    def add(self, e: Entry) -> None:
-        if e.recovered:
-            self.recovered += 1
-        elif e.kind is Kind.SUCCESS:
-            if e.fields.get("partner_duplicate"):
-                self.partner_duplicates += 1
-            else:
-                self.processed += 1
-        elif e.kind is Kind.DUPLICATE:
-            self.duplicates += 1
-        elif e.settle is Settle.RELEASE:
-            self.held += 1
-        elif e.settle in (Settle.REQUEUE, Settle.DELAY):
-            self.requeued += 1
-            self.requeued_reasons[e.reason] += 1
-        else:
-            self.dead += 1
-            self.reasons[e.reason] += 1
-
-    @property
-    def all_failed(self) -> bool:
-        """Every message that reached a verdict was a dead letter: nothing took effect.
-
-        A run that only failed deserves more than a count buried in a summary line
-        (a wrong --required, a claim system that refuses everything).
-        """
-        done = self.processed + self.duplicates + self.partner_duplicates + self.recovered
-        return self.dead > 0 and done == 0
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS if k != "dead"}
-        out[self.dead_word] = self.dead
-        out["reasons"] = dict(sorted(self.reasons.items()))
-        out["requeued_reasons"] = dict(sorted(self.requeued_reasons.items()))
-        out["all_failed"] = self.all_failed
-        return out
-
-    def merge(self, d: dict[str, Any]) -> None:
-        """Add another run's `as_dict()` (a --workers child's report) to these counts."""
-        for k in COUNTS:
-            key = self.dead_word if k == "dead" else k
-            # .get: a report of an older onceq (no partner_duplicates) still merges.
-            setattr(self, k, getattr(self, k) + d.get(key, 0))  # .get: an older report
-        self.reasons.update(d["reasons"])
-        self.requeued_reasons.update(d["requeued_reasons"])
 
 
 _STOP = object()
@@ -205,6 +126,17 @@ class Consumer:
         self.retry = retry
         self.max_attempts = retry.max_attempts
         self.breaker_policy = breaker if breaker is not None else BreakerPolicy.off()
+        # Only a call can find a partner down: without one (the ledger row is the
+        # effect) there is nothing to protect and no breaker.
+        self.breaker: Breaker | None = None
+        if self.breaker_policy.enabled and handler is not no_effect:
+            self.breaker = Breaker(
+                self.breaker_policy, name=ledger.flow, on_change=self._breaker_changed
+            )
+        self._pausable = all(
+            callable(getattr(transport, m, None)) for m in ("pause", "probe", "resume")
+        )
+        self._wake = asyncio.Event()  # set (and replaced) on a breaker change or a stop
         self.on_settled = on_settled
         self.stats = Stats()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -220,6 +152,10 @@ class Consumer:
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
         tasks: set[asyncio.Task[None]] = set()
+        prober = None
+        if self.breaker is not None and self._pausable:
+            prober = asyncio.create_task(self._drive_probes(), name="onceq-prober")
+            prober.add_done_callback(self._stop_on_error)
         try:
             async for delivery in self.transport.deliveries():
                 if not await self._acquire_slot(committer):
@@ -254,7 +190,7 @@ class Consumer:
             self._pending.put_nowait(_STOP)
             await committer
         finally:
-            for t in (*tasks, committer):
+            for t in (*tasks, committer, *([prober] if prober else [])):
                 t.cancel()
         return self.stats
 
@@ -265,6 +201,7 @@ class Consumer:
         Safe to call more than once and from a signal handler on the loop.
         """
         self._stopped = True
+        self._wake_up()  # copies waiting for the breaker: a stop does not wait for a probe
         self.transport.stop()
 
     def _stop_on_error(self, task: asyncio.Task[None]) -> None:
@@ -310,6 +247,8 @@ class Consumer:
                     # directory queue's next run recovers it; the ledger decides then.
                     return
                 outcome = await self._effect(d, decoded)
+                if outcome is None:
+                    return  # stopped while the breaker held it: unsettled, as above
             else:
                 outcome = decoded
             done = asyncio.Event()
@@ -350,17 +289,63 @@ class Consumer:
         self._in_flight[msg_id] = guard
         return guard
 
-    async def _effect(self, d: Delivery, decoded: Outcome) -> Outcome:
+    async def _effect(self, d: Delivery, decoded: Outcome) -> Outcome | None:
+        """The call's outcome; HELD when the breaker starts none; None when stopped."""
         assert d.msg_id is not None
         if self.ledger.processed_ref(d.msg_id) is not None:
+            # Before the breaker: a duplicate makes no call, so it can never be the
+            # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
+        if self.breaker is not None and not await self._allowed(d.msg_id):
+            return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
         try:
-            return await self.handler(d, decoded.fields)
+            outcome = await self.handler(d, decoded.fields)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a handler must not take the message with it
             log.exception("handler failed on %s", d.ref)
-            return Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
+            outcome = Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
+        if self.breaker is not None:
+            self.breaker.record(d.msg_id, outcome)
+        return outcome
+
+    async def _allowed(self, msg_id: str) -> bool:
+        """May this copy's call start? Held at once when the transport pauses; else it
+        waits here until the breaker lets it (the probe, or closed) or a stop."""
+        assert self.breaker is not None
+        while not self.breaker.allow(msg_id):
+            if self._pausable or self._stopped:
+                return False
+            await _wait(self._wake, self.breaker.probe_in())
+        return True
+
+    def _breaker_changed(self, old: str, new: str) -> None:
+        # Paused while open: what the transport had handed out is released and no more
+        # comes, so an open breaker costs no redelivery storm and no CPU.
+        if self._pausable:
+            if new == OPEN and old == CLOSED:
+                self.transport.pause()  # type: ignore[attr-defined]
+            elif new == CLOSED:
+                self.transport.resume()  # type: ignore[attr-defined]
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
+
+    async def _drive_probes(self) -> None:
+        """While the breaker is open, ask the paused transport for one copy when a
+        probe is due; that copy's call is the probe (`_allowed`). Asked again after
+        `policy.probe` when none came or it made no call (an empty queue, a copy
+        the ledger already holds)."""
+        assert self.breaker is not None
+        while not self._stopped:
+            wake, wait = self._wake, self.breaker.probe_in()
+            if wait is None or wait > 0:  # closed or half-open (None), or not yet time
+                await _wait(wake, wait)
+                continue
+            self.transport.probe()  # type: ignore[attr-defined]
+            await _wait(wake, self.breaker_policy.probe)
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1
@@ -395,7 +380,9 @@ class Consumer:
             group = [e for e, _ in jobs]
             faults.hit("before-commit")
             # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
-            await asyncio.to_thread(self.ledger.commit, group)
+            # A group of held copies only has nothing to record: no transaction.
+            if any(e.kind is not Kind.HELD for e in group):
+                await asyncio.to_thread(self.ledger.commit, group)
             faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.
             await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
@@ -407,3 +394,9 @@ class Consumer:
                     done.set()
             if self.on_settled is not None:
                 self.on_settled(group)
+
+
+async def _wait(event: asyncio.Event, seconds: float | None) -> None:
+    """Until `event` is set or `seconds` pass (None: no limit)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

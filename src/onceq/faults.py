@@ -35,6 +35,10 @@ Points (each named where it is reached):
                                 beside the copy that retry/ hands out)
     mid-replay                  dirq replay --all/--reason: a file is linked into
                                 inbox/ and still in error/ (its replay recorded)
+    after-delay-publish         AMQP: the copies of a group's DELAY settles are
+                                confirmed in their retry queues, no original is
+                                acked yet (each message exists twice: the original
+                                comes back, nothing is lost)
 
 Cheap when unset: the environment is read once, at import, and `hit` is then a
 function that returns at once (one call per group; per file only for the dirq
@@ -58,6 +62,7 @@ POINTS = (
     "after-claim",
     "after-retry-link",
     "mid-replay",
+    "after-delay-publish",
 )
 
 

@@ -6,6 +6,9 @@ seconds, as a new copy (like one from a retry queue); a dead one goes to `dead`;
 acked one to `acked`.
 `deliveries()` ends when the queue is empty and nothing is outstanding (every
 delivery handed out has been settled), or when `stop()` is called.
+`pause()` / `probe()` / `resume()` (the breaker's, onceq.transport.Pausable): while
+paused nothing is handed out but one copy per `probe()`; `deliveries()` waits
+meanwhile (it does not end while the queue holds messages).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class MemoryTransport:
         self._outstanding = 0
         self._stopped = False
         self._changed = asyncio.Event()
+        self.paused = False
+        self._probes = 0  # copies that may still be handed out while paused
+        self.pauses = 0  # how many times it was paused, and probes asked: for tests
+        self.probes = 0
 
     def publish(self, body: bytes, msg_id: str | None = None, ref: str | None = None) -> None:
         ref = ref or f"m{len(self.queue) + len(self.acked) + len(self.dead)}"
@@ -41,14 +48,31 @@ class MemoryTransport:
         self._stopped = True
         self._changed.set()
 
+    def pause(self) -> None:
+        self.paused = True
+        self.pauses += 1
+        self._probes = 0
+
+    def probe(self) -> None:
+        self.probes += 1
+        self._probes = 1  # at most one at a time, however often it is asked
+        self._changed.set()
+
+    def resume(self) -> None:
+        self.paused = False
+        self._probes = 0
+        self._changed.set()
+
     async def deliveries(self) -> AsyncIterator[Delivery]:
         while not self._stopped:
-            if self.queue:
+            if self.queue and (not self.paused or self._probes):
+                if self.paused:
+                    self._probes -= 1
                 self._outstanding += 1
                 yield self.queue.popleft()
                 continue
-            if self._outstanding == 0 and self._waiting == 0:
-                return
+            if not self.queue and self._outstanding == 0 and self._waiting == 0:
+                return  # drained (while paused, a queue that holds messages is not)
             self._changed.clear()
             await self._changed.wait()
 

@@ -225,3 +225,19 @@ def test_option_values_out_of_range_exit_2(args: list[str]) -> None:
     r = run_cli("partner", "invoices", "--port", "0", *args, timeout=30)
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_a_stub_that_cannot_listen_again_ends_with_one_line_not_down_for_ever() -> None:
+    with partner(keys=False, args=("--down-for", "1", "--down-as", "refuse")) as p:
+        # Someone else takes the port while it is down.
+        thief = socket.socket()
+        try:
+            thief.bind(("127.0.0.1", p.port))
+            thief.listen()
+            assert p.proc.wait(timeout=30) == 1
+        finally:
+            thief.close()
+        assert p.proc.stderr is not None
+        err = p.proc.stderr.read().strip()
+        assert err.startswith(f"onceq: 127.0.0.1:{p.port}: cannot listen again after the outage")
+        assert "Traceback" not in err and len(err.splitlines()) == 1

@@ -39,8 +39,6 @@ ENV_DB = "EAI_MQ_DB"
 DEFAULT_DB = "processed.db"
 DEFAULT_PREFETCH = 5
 DEFAULT_TIMEOUT = 10.0
-# A transient failure is retried once (requeue), then dead-lettered.
-MAX_ATTEMPTS = 2
 
 
 def default_db(fallback_dir: Path | None = None) -> Path:
@@ -134,6 +132,7 @@ async def consume_flow(
     every flow). `before_ledger` is awaited once the broker has the queue and before
     the ledger is opened.
     """
+    from onceq.amqp.topology import Topology
     from onceq.amqp.transport import AmqpTransport
     from onceq.amqp.url import amqp_url
     from onceq.consumer import no_effect
@@ -145,8 +144,16 @@ async def consume_flow(
         stop = Stop(second="abort", respect_ignored=False)
     src = flow.source
     handler = flow.handler()
+    # The flow's policy decides what a transient failure leads to; its delays are the
+    # retry queues the transport moves copies into (checked to exist at open).
+    retry = flow.retry_policy()
+    topology = Topology.for_flow(flow)
     transport = AmqpTransport(
-        amqp_url(src.url), prefetch=src.prefetch, queue=src.queue, until_empty=opts.until_empty
+        amqp_url(src.url),
+        prefetch=src.prefetch,
+        queue=src.queue,
+        until_empty=opts.until_empty,
+        tiers=tuple(zip(topology.retry_delays, topology.retry_queues, strict=True)),
     )
     loop = asyncio.get_running_loop()
     ledger: Ledger | None = None
@@ -171,8 +178,12 @@ async def consume_flow(
             # at once, so a slow partner sees prefetch calls in parallel.
             max_in_flight=src.prefetch,
             max_group=max(src.prefetch, 1),
-            max_attempts=MAX_ATTEMPTS,
             on_settled=on_settled,
+            # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing
+            # is held unacked for a delay (the broker's consumer_timeout, 30 min by
+            # default, would close the channel), so the grace below covers it.
+            retry=retry,
+            breaker=flow.breaker_policy(),
         )
         # The first signal stops cleanly (in-flight calls finish, bounded by the grace).
         # A second one is an operator who will not wait: stop at once. Nothing is lost:

@@ -2,6 +2,12 @@
 
     EXCHANGE (direct) --ROUTING_KEY--> QUEUE --(reject, requeue=False)--> DLX (direct)
                                                            --DEAD_QUEUE--> DEAD_QUEUE
+    STEM.retry.5s (TTL 5 s) --(expired: default exchange, key QUEUE)--> QUEUE
+
+The retry tiers (`retry_delays`, one queue per delay of the flow's retry policy)
+are never consumed: a copy waits there for the queue's TTL, then the broker
+dead-letters it through the default exchange straight back to QUEUE (no binding,
+so no other queue bound to EXCHANGE gets a copy).
 
 `Topology.claims()` is the exercise's preset (eai.claim, claim, claim.in, eai.dlx,
 claim.dead); `Topology.for_queue("invoice.in")` derives the rest of a user's names
@@ -24,6 +30,7 @@ from typing import Any
 from onceq.amqp.url import boundary, close_quietly, connect
 from onceq.errors import UsageError
 from onceq.ledger_values import is_utf8
+from onceq.retry import delay_label
 
 # The claims preset's names (the exercise's): kept as constants for what names them.
 EXCHANGE = "eai.claim"
@@ -37,6 +44,13 @@ DEAD_KEY = "claim.dead"
 MAX_NAME = 255
 # The suffix a user's input queue usually carries; its stem names the rest.
 IN_SUFFIX = ".in"
+# A retry tier's name: STEM.retry.LABEL (claim.retry.5s, invoice.retry.2m).
+RETRY_INFIX = ".retry."
+
+
+def stem_of(queue: str) -> str:
+    """The queue without a trailing ".in" ("invoice.in" → "invoice"), else the queue."""
+    return queue[: -len(IN_SUFFIX)] if queue.endswith(IN_SUFFIX) and queue != IN_SUFFIX else queue
 
 
 def name_problem(value: str, *, declared: bool = True, empty_ok: bool = False) -> str:
@@ -67,10 +81,12 @@ def option_label(field_name: str) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    """The five names of one flow's RabbitMQ objects.
+    """The five names of one flow's RabbitMQ objects, and its retry tiers.
 
     Dead letters are routed with the dead-letter queue's name as their key, as the
     claims preset does (claim.in → eai.dlx, key claim.dead → claim.dead).
+    `retry_delays` (seconds, the flow's `RetryPolicy.delays`) adds one retry queue
+    per delay (`retry_queue`); empty, the topology is exactly the exercise's.
     """
 
     queue: str
@@ -78,11 +94,12 @@ class Topology:
     routing_key: str
     dead_letter_exchange: str
     dead_letter_queue: str
+    retry_delays: tuple[float, ...] = ()
 
     @classmethod
-    def claims(cls) -> Topology:
-        """The exercise's names, exactly as before issue 7."""
-        return cls(QUEUE, EXCHANGE, ROUTING_KEY, DLX, DEAD_QUEUE)
+    def claims(cls, retry_delays: tuple[float, ...] = ()) -> Topology:
+        """The exercise's names, exactly as before issue 7 (plus the tiers given)."""
+        return cls(QUEUE, EXCHANGE, ROUTING_KEY, DLX, DEAD_QUEUE, tuple(retry_delays))
 
     @classmethod
     def for_queue(
@@ -92,6 +109,7 @@ class Topology:
         routing_key: str | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_queue: str | None = None,
+        retry_delays: tuple[float, ...] = (),
     ) -> Topology:
         """A user's queue; each name not given is derived from the queue's stem.
 
@@ -100,9 +118,7 @@ class Topology:
         stem + ".dlx", dead-letter queue = stem + ".dead". So `invoice.in` gives
         invoice --invoice--> invoice.in → invoice.dlx --invoice.dead--> invoice.dead.
         """
-        stem = (
-            queue[: -len(IN_SUFFIX)] if queue.endswith(IN_SUFFIX) and queue != IN_SUFFIX else queue
-        )
+        stem = stem_of(queue)
         return cls(
             queue=queue,
             exchange=stem if exchange is None else exchange,
@@ -111,18 +127,28 @@ class Topology:
             if dead_letter_exchange is None
             else dead_letter_exchange,
             dead_letter_queue=f"{stem}.dead" if dead_letter_queue is None else dead_letter_queue,
+            retry_delays=tuple(retry_delays),
         )
 
     @classmethod
-    def for_source(cls, source: Any) -> Topology:
-        """The names a flow's RabbitSource declares: its queue's, each one given overriding."""
+    def for_source(cls, source: Any, retry_delays: tuple[float, ...] = ()) -> Topology:
+        """The names a flow's RabbitSource declares: its queue's, each one given overriding.
+
+        `retry_delays`: the flow's tiers (`flow.retry_policy().delays`), see `for_flow`.
+        """
         return cls.for_queue(
             source.queue,
             source.exchange,
             source.routing_key,
             source.dead_letter_exchange,
             source.dead_letter_queue,
+            retry_delays,
         )
+
+    @classmethod
+    def for_flow(cls, flow: Any) -> Topology:
+        """A rabbitmq flow's objects: its source's names and its retry policy's tiers."""
+        return cls.for_source(flow.source, flow.retry_policy().delays)
 
     @classmethod
     def from_options(
@@ -132,12 +158,13 @@ class Topology:
         routing_key: str | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_queue: str | None = None,
+        retry_delays: tuple[float, ...] = (),
     ) -> Topology:
         """The CLI's rule: with a queue, `for_queue`; without, the claims names with
         whichever of the others were given."""
         if queue is not None:
             return cls.for_queue(
-                queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue
+                queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue, retry_delays
             )
         given = {
             "exchange": exchange,
@@ -146,12 +173,24 @@ class Topology:
             "dead_letter_queue": dead_letter_queue,
         }
         return dataclasses.replace(
-            cls.claims(), **{k: v for k, v in given.items() if v is not None}
+            cls.claims(retry_delays), **{k: v for k, v in given.items() if v is not None}
         )
 
     @property
     def dead_key(self) -> str:
         return self.dead_letter_queue
+
+    @property
+    def stem(self) -> str:
+        return stem_of(self.queue)
+
+    def retry_queue(self, delay: float) -> str:
+        """The tier queue of `delay` seconds: STEM.retry.LABEL (claim.retry.5s)."""
+        return f"{self.stem}{RETRY_INFIX}{delay_label(delay)}"
+
+    @property
+    def retry_queues(self) -> tuple[str, ...]:
+        return tuple(self.retry_queue(d) for d in self.retry_delays)
 
     def problems(self, label: Callable[[str], str] = option_label) -> list[str]:
         """Every mistake, one line each: '<label>: <value>: <why>' (empty when none).
@@ -161,6 +200,8 @@ class Topology:
         """
         out = []
         for f in dataclasses.fields(self):
+            if f.name == "retry_delays":
+                continue
             value = getattr(self, f.name)
             why = name_problem(
                 value, declared=f.name != "routing_key", empty_ok=f.name == "routing_key"
@@ -180,6 +221,29 @@ class Topology:
                 f"{label('routing_key')}: {self.routing_key!r}: on {self.exchange!r} it is"
                 " also the dead-letter key, so every message would reach the dead-letter queue"
             )
+        if not out:
+            out.extend(self._tier_problems(label))
+        return out
+
+    def _tier_problems(self, label: Callable[[str], str]) -> list[str]:
+        """A retry queue's name is derived from the queue: too long, or taken already.
+
+        Named by the queue's label (the name it derives from). A dead-letter queue
+        that is also a tier would get both sets of arguments: refused before connecting.
+        """
+        out = []
+        for delay, name in zip(self.retry_delays, self.retry_queues, strict=True):
+            why = name_problem(name)
+            if why:
+                out.append(
+                    f"{label('queue')}: {self.queue!r}: its {delay_label(delay)} retry queue"
+                    f" {name!r} {why}"
+                )
+            elif name == self.dead_letter_queue:
+                out.append(
+                    f"{label('dead_letter_queue')}: {name!r}: is also the"
+                    f" {delay_label(delay)} retry queue of {self.queue!r}"
+                )
         return out
 
     def check(self, label: Callable[[str], str] = option_label) -> Topology:
@@ -188,6 +252,28 @@ class Topology:
         if found:
             raise UsageError(found[0])
         return self
+
+    def tier_objects(self) -> list[Queue]:
+        """One durable queue per retry delay, never consumed.
+
+        A fixed TTL per QUEUE (x-message-ttl), not a per-message expiration: the broker
+        expires per-message TTLs only at the head of a queue, so in one shared delay
+        queue a 5 s copy would wait behind a 10 min one. Here every copy of a tier has
+        the same TTL, so the head always expires first and each delay is exact.
+        Expired copies are dead-lettered through the default exchange ("") with the
+        work queue's name as key: straight to the work queue, without a binding.
+        """
+        return [
+            Queue(
+                self.retry_queue(delay),
+                arguments={
+                    "x-message-ttl": round(delay * 1000),
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": self.queue,
+                },
+            )
+            for delay in self.retry_delays
+        ]
 
     def objects(self) -> tuple[list[Exchange | Queue], list[Binding]]:
         queue = Queue(
@@ -206,6 +292,7 @@ class Topology:
                 Exchange(self.dead_letter_exchange),
                 queue,
                 Queue(self.dead_letter_queue),
+                *self.tier_objects(),
             ],
             [
                 Binding(self.exchange, self.queue, self.routing_key),

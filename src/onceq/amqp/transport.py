@@ -37,6 +37,21 @@ on a channel is processed in order, so each ack and requeue of ours counts befor
 the declare). Otherwise it consumes again under a new tag. An idle timeout alone
 would guess: a slow broker, an outage or a publisher that pauses would end the batch
 early or late. Messages unacked by *other* consumers are theirs, and not waited for.
+With retry tiers the queue is not drained while any tier queue holds a copy (it
+comes back) or while the breaker has paused this consumer. The tiers are counted
+first: a copy expiring meanwhile is already in the work queue when it is counted.
+
+Settles: ACK = ack; REQUEUE and RELEASE = reject(requeue=True) (RELEASE: never
+tried, the breaker is open); DEAD = reject(requeue=False) to the dead-letter
+exchange; DELAY = a confirmed copy into the tier queue of that delay, then the
+ack (onceq.amqp.retry: why that order, and what a failed publish does).
+
+The breaker (`Pausable`): pause() cancels the consumer, and once everything
+handed out is settled, basic.recover(requeue) returns what arrived for the
+cancelled consumer, so nothing sits prefetched while the partner is down (other
+consumers, or this one later, get it). probe() takes one message with basic.get
+(asking again every PROBE_POLL_S while the queue is empty); resume() consumes
+again. The three, and the drain check, run one at a time (`_control`), in order.
 """
 
 from __future__ import annotations
@@ -49,9 +64,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from onceq import faults
+from onceq.amqp.retry import publish_copy
 from onceq.amqp.topology import QUEUE
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.errors import NotFound, redact_url
+from onceq.retry import DEFAULT_DELAYS, delay_label
 from onceq.transport import Delivery, Settle
 
 log = logging.getLogger(__name__)
@@ -69,6 +86,8 @@ IDLE_PROBE_S = 0.2
 # publishers lack it: such a redelivery is still acked without a call, and counted
 # as a duplicate.
 COPY_HEADER = "x-onceq-copy"
+# While paused, how often an empty queue is asked again for the breaker's probe.
+PROBE_POLL_S = 0.5
 _END = object()
 
 
@@ -76,10 +95,19 @@ class AmqpTransport:
     """Deliveries from one queue through one robust channel with prefetch `prefetch`."""
 
     def __init__(
-        self, url: str, *, prefetch: int = 5, queue: str = QUEUE, until_empty: bool = False
+        self,
+        url: str,
+        *,
+        prefetch: int = 5,
+        queue: str = QUEUE,
+        until_empty: bool = False,
+        tiers: Sequence[tuple[float, str]] = (),
     ) -> None:
         self.url = url
         self.queue_name = queue
+        # (delay, retry queue) of the flow's policy (Topology.retry_queue names them).
+        self.tiers = {delay_label(d): name for d, name in tiers}
+        self._tier_delays = tuple(d for d, _ in tiers)
         self.prefetch = prefetch
         self.until_empty = until_empty
         self.drained = False  # until_empty: the deliveries ended because the queue is empty
@@ -97,9 +125,16 @@ class AmqpTransport:
         self._connection: Any = None
         self._channel: Any = None
         self._queue: Any = None
-        self._tag: str | None = None
+        self._tag: str | None = None  # deliveries for this tag are handed out
+        self._active: str | None = None  # the consumer registered on the broker
         self._cancel_task: asyncio.Task[None] | None = None
         self._down = False  # an outage has been reported and not yet ended
+        self._tier_queues: list[Any] = []  # passively declared at open (their counts)
+        self.delayed = 0  # copies published into a retry tier (then the original acked)
+        self.paused = False  # the breaker paused this consumer (pause … resume)
+        self._control_lock = asyncio.Lock()  # pause/resume/probe/drain: one at a time
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._probe_task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Connect, set qos and check the queue exists; no delivery is taken yet.
@@ -136,10 +171,16 @@ class AmqpTransport:
                     # Passive: the consumer never creates topology with guessed
                     # attributes (`onceq mq topology` does, with the dead-letter ones).
                     self._queue = await self._channel.declare_queue(self.queue_name, passive=True)
+                # The policy's tiers must exist too: a DELAY into a missing one would be
+                # returned, and every transient failure would then cost an attempt.
+                for name in self.tiers.values():
+                    with boundary(self.url, f"queue {name}"):
+                        self._tier_queues.append(
+                            await self._channel.declare_queue(name, passive=True)
+                        )
             except NotFound as exc:
                 # A newcomer's first run: say what declares it, not only that it is absent.
-                how = "" if self.queue_name == QUEUE else f" --queue {self.queue_name}"
-                raise NotFound(f"{exc}; declare it first: onceq mq topology{how}") from None
+                raise NotFound(f"{exc}; declare it first: {self.topology_command()}") from None
         except BaseException:
             await close_quietly(self._connection)
             raise
@@ -147,6 +188,13 @@ class AmqpTransport:
         # itself, but an operator watching a silent consumer should know why it idles.
         self._connection.close_callbacks.add(self._on_connection_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
+
+    def topology_command(self) -> str:
+        """The `onceq mq topology` command that declares this run's queue and tiers."""
+        how = "" if self.queue_name == QUEUE else f" --queue {self.queue_name}"
+        if self._tier_delays and self._tier_delays != DEFAULT_DELAYS:
+            how += " --retry-delays " + ",".join(delay_label(d) for d in self._tier_delays)
+        return f"onceq mq topology{how}"
 
     async def start(self) -> None:
         """Start consuming with manual acks (after `open`)."""
@@ -160,8 +208,10 @@ class AmqpTransport:
     async def _consume(self) -> None:
         # Our own tag, set before basic.consume: the first deliveries may reach
         # _on_message before consume() returns, and must be recognised as ours.
+        if self.paused:  # the breaker's pause outlasts a drain check or a resume in flight
+            return
         tag = f"onceq-{os.getpid()}-{next(self._tags)}"
-        self._tag = tag
+        self._tag = self._active = tag
         await self._queue.consume(self._on_message, no_ack=False, consumer_tag=tag)
         self._consuming = True
 
@@ -190,8 +240,13 @@ class AmqpTransport:
     async def _on_message(self, message: Any) -> None:
         if self.stopped.is_set() or message.consumer_tag != self._tag:
             # Not handed out: it stays unacked on the channel and goes back to the
-            # queue when the channel closes (or at the drain check's basic.recover).
+            # queue when the channel closes (or at the drain check's or the pause's
+            # basic.recover).
             return
+        self._hand_out(message)
+
+    def _hand_out(self, message: Any) -> None:
+        """Buffer a delivery for `deliveries()` (from the consumer or a probe's get)."""
         copy = (message.headers or {}).get(COPY_HEADER)
         stable = isinstance(copy, str) and 0 < len(copy) <= 64
         if stable:
@@ -245,18 +300,25 @@ class AmqpTransport:
         See the module docstring for why each step is needed. Any broker error (an
         outage) means "not known to be drained": the run goes on and asks again.
         """
-        if self.stopped.is_set() or not self.connected:
-            return False
+        async with self._control_lock:
+            return await self._drained_now()
+
+    async def _drained_now(self) -> bool:
+        if self.stopped.is_set() or not self.connected or self.paused:
+            return False  # paused: the breaker holds the queue, it is not done
         try:
             if not self._consuming:  # a check that failed half-way, or an outage
                 await self._consume()
                 return False
+            for tier in self._tier_queues:  # a copy waiting in a tier comes back
+                if (await tier.declare(timeout=CONNECT_TIMEOUT)).message_count:
+                    return False
             ready = (await self._queue.declare(timeout=CONNECT_TIMEOUT)).message_count
             if ready or self._held or not self._buffer.empty():
                 return False
             # From here no delivery is handed out (same step as the check above: no
             # await in between, so nothing was received meanwhile).
-            tag, self._tag, self._consuming = self._tag, None, False
+            tag, self._tag, self._consuming = self._active, None, False
             await self._queue.cancel(tag, timeout=CONNECT_TIMEOUT)
             channel = await self._channel.get_underlay_channel()
             await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
@@ -280,8 +342,8 @@ class AmqpTransport:
         # Only on a live connection: while disconnected there is no consumer on the
         # broker to cancel, and the robust channel would wait for a reconnect first
         # (a SIGTERM during an outage would then take CONNECT_TIMEOUT to act).
-        if self._queue is not None and self._tag is not None and self.connected:
-            self._cancel_task = asyncio.get_running_loop().create_task(self._cancel(self._tag))
+        if self._queue is not None and self._consuming and self.connected:
+            self._cancel_task = asyncio.get_running_loop().create_task(self._cancel(self._active))
 
     async def _cancel(self, tag: str) -> None:
         try:
@@ -290,44 +352,162 @@ class AmqpTransport:
             log.info("consumer cancel: %s", type(exc).__name__)
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
+        # DELAY: every copy of the group is published (confirms awaited together), and
+        # only then is any original acked: never acked before its copy is confirmed.
+        delays = [d for d, decision, _ in group if decision is Settle.DELAY]
+        failed: dict[int, str] = {}
+        if delays:
+            results = await asyncio.gather(*(self._publish_copy(d) for d in delays))
+            failed = {id(d): why for d, why in zip(delays, results, strict=True) if why}
+            self.delayed += len(delays) - len(failed)
+            faults.hit("after-delay-publish")  # copies confirmed, originals not yet acked
+        for delivery, decision, _reason in group:
+            await self._settle_one(delivery, decision, failed.get(id(delivery)))
+
+    async def _publish_copy(self, delivery: Delivery) -> str:
+        queue = self.tiers.get(delay_label(delivery.delay))
+        if queue is None:  # a policy the transport was not opened with: a bug, not data
+            return f"no retry queue for a {delivery.delay:g}s delay"
+        return await publish_copy(delivery, queue)
+
+    async def _settle_one(self, delivery: Delivery, decision: Settle, failed: str | None) -> None:
         import aio_pika.exceptions as pe
         import aiormq.exceptions as ae
 
-        for delivery, decision, _reason in group:
-            message = delivery.token
+        message = delivery.token
+        try:
+            if decision is Settle.ACK or (decision is Settle.DELAY and failed is None):
+                await message.ack()
+            elif decision is Settle.DEAD:
+                # The queue's dead-letter exchange takes it (claims: eai.dlx).
+                await message.reject(requeue=False)
+            else:  # REQUEUE, RELEASE (untried), or a DELAY whose copy was not confirmed
+                if failed is not None:
+                    log.warning(
+                        "%s (message_id %s): its copy for the %gs retry queue %s was not"
+                        " confirmed (%s); given back to %s instead (declare the tiers:"
+                        " %s)",
+                        delivery.ref,
+                        delivery.msg_id,
+                        delivery.delay,
+                        self.tiers.get(delay_label(delivery.delay), "?"),
+                        failed,
+                        self.queue_name,
+                        self.topology_command(),
+                    )
+                await message.reject(requeue=True)
+            faults.hit("mid-settle")  # acks go one by one: some of the group are sent
+        except (
+            ae.AMQPError,
+            ae.ChannelInvalidStateError,
+            pe.MessageProcessError,
+            ConnectionError,
+            TimeoutError,
+        ) as exc:
+            self.unsettled += 1
+            log.warning(
+                "%s (message_id %s): could not %s, its channel is gone (%s);"
+                " the broker redelivers it and the ledger knows its outcome",
+                delivery.ref,
+                delivery.msg_id,
+                decision.value,
+                type(exc).__name__,
+            )
+        finally:
+            # Sent (awaited: its frame is out before any later method on this
+            # channel, such as the drain check's declare) or lost with its channel:
+            # either way no longer ours to settle.
+            self._held -= 1
+            self._changed.set()
+
+    # --- the breaker's Pausable -------------------------------------------------------
+
+    def pause(self) -> None:
+        """No more deliveries until resume(); what was prefetched goes back (see top)."""
+        if self.paused or self.stopped.is_set():
+            return
+        self.paused = True
+        self._tag = None  # from now on nothing more is handed out
+        self._spawn(self._pause())
+
+    def resume(self) -> None:
+        """Consume again (the breaker closed)."""
+        if not self.paused:
+            return
+        self.paused = False
+        self._end_probe()
+        self._spawn(self._resume())
+
+    def probe(self) -> None:
+        """While paused: hand out one more delivery (the breaker's probe)."""
+        if not self.paused or self.stopped.is_set():
+            return
+        self._end_probe()
+        self._probe_task = self._spawn(self._probe())
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _end_probe(self) -> None:
+        # Not cancelled: a basic.get cancelled half-way would leave its get-ok with no
+        # getter, the message unacked on the channel until it closes. The probe loop
+        # sees it is no longer the probe and ends after its current get.
+        self._probe_task = None
+
+    async def _pause(self) -> None:
+        try:
+            async with self._control_lock:
+                if not self.paused or not self._consuming:
+                    return
+                self._tag, self._consuming = None, False
+                await self._queue.cancel(self._active, timeout=CONNECT_TIMEOUT)
+            # What was handed out is settled by the loop (released, untried); only
+            # then is a recover safe: it requeues every unacked delivery of the
+            # channel, and one of ours acked after it would be an unknown tag.
+            while self._held and self.paused and not self.stopped.is_set():
+                self._changed.clear()
+                await self._changed.wait()
+            async with self._control_lock:
+                if self.paused and not self._consuming and not self._held and self.connected:
+                    channel = await self._channel.get_underlay_channel()
+                    await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
+        except Exception as exc:  # an outage: the broker returns them when the channel dies
+            log.info("pause of %s: %s", self.queue_name, type(exc).__name__)
+
+    async def _resume(self) -> None:
+        async with self._control_lock:
+            if self.paused or self._consuming or self.stopped.is_set():
+                return
             try:
-                if decision is Settle.ACK:
-                    await message.ack()
-                elif decision is Settle.REQUEUE:
-                    await message.reject(requeue=True)
-                else:  # DEAD: the queue's dead-letter exchange takes it (claims: eai.dlx)
-                    await message.reject(requeue=False)
-                faults.hit("mid-settle")  # acks go one by one: some of the group are sent
-            except (
-                ae.AMQPError,
-                ae.ChannelInvalidStateError,
-                pe.MessageProcessError,
-                ConnectionError,
-                TimeoutError,
-            ) as exc:
-                self.unsettled += 1
-                log.warning(
-                    "%s (message_id %s): could not %s, its channel is gone (%s);"
-                    " the broker redelivers it and the ledger knows its outcome",
-                    delivery.ref,
-                    delivery.msg_id,
-                    decision.value,
-                    type(exc).__name__,
-                )
-            finally:
-                # Sent (awaited: its frame is out before any later method on this
-                # channel, such as the drain check's declare) or lost with its channel:
-                # either way no longer ours to settle.
-                self._held -= 1
-                self._changed.set()
+                await self._consume()
+            except Exception as exc:  # the drain check (or a reconnect) consumes again
+                log.info("resume of %s: %s", self.queue_name, type(exc).__name__)
+
+    async def _probe(self) -> None:
+        me = asyncio.current_task()
+        while self.paused and not self.stopped.is_set() and self._probe_task is me:
+            async with self._control_lock:
+                message = None
+                if self.connected and not self._consuming and self._probe_task is me:
+                    try:
+                        message = await self._queue.get(
+                            no_ack=False, fail=False, timeout=CONNECT_TIMEOUT
+                        )
+                    except Exception as exc:
+                        log.info("probe of %s: %s", self.queue_name, type(exc).__name__)
+                if message is not None:
+                    self._hand_out(message)
+                    return
+            await asyncio.sleep(PROBE_POLL_S)  # an empty queue: a tier may refill it
 
     async def close(self) -> None:
         """Close channel and connection; anything unsettled returns to the queue."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._cancel_task is not None:
             await asyncio.gather(self._cancel_task, return_exceptions=True)
         if self._connection is not None:

@@ -10,6 +10,7 @@ import click
 from onceq.cli.mq_consume import cli_url, consume
 from onceq.cli.mq_status import status
 from onceq.cli.output import console, emit_json
+from onceq.cli.retry_options import retry_from_values, retry_options
 from onceq.errors import UsageError
 
 JSON_HELP = "Print the outcome as JSON."
@@ -59,6 +60,7 @@ def mq() -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Declare the names of every rabbitmq flow of this flow file instead.",
 )
+@retry_options(breaker=False)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def topology(
     queue: str | None,
@@ -68,6 +70,7 @@ def topology(
     dead_letter_queue: str | None,
     flow_file: Path | None,
     as_json: bool,
+    **retry_flags: Any,
 ) -> None:
     """Declare a flow's exchange, queue, dead-letter exchange and dead-letter queue.
 
@@ -83,6 +86,13 @@ def topology(
     dead_letter_queue; the same stem rule), in the broker of the flow's url
     (default EAI_AMQP_URL). The file is checked first, whole (as `onceq check`).
 
+    The retry queues: one per delay of the consumer's retry policy, STEM.retry.5s,
+    STEM.retry.30s, STEM.retry.2m, STEM.retry.10m for the default policy (claims:
+    claim.retry.5s …), each holding a copy for its TTL, then giving it back to Q.
+    Declare the policy the consumer will run: --retry-delays 1s,10s for other
+    delays, --retry exercise (or --retry-delays none) for none, which is exactly
+    the exercise's objects. With --flows, each flow's own retry policy.
+
     Idempotent: a second run changes nothing. When the broker already holds one
     of them with other attributes it exits 4 naming the object, and creates
     nothing. A name that cannot be used (empty, over 255 bytes, starting with
@@ -92,21 +102,28 @@ def topology(
     Example:
       EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
       onceq mq topology --queue invoice.in
+      onceq mq topology --retry exercise
+      onceq mq topology --retry-delays 1s,10s,1m
       onceq mq topology --flows flows.toml
     """
     import asyncio
 
     from onceq.amqp.topology import Topology, declare
     from onceq.amqp.url import vhost_of
+    from onceq.retry import RetryPolicy
 
+    policy = retry_from_values(retry_flags)
     if flow_file is not None:
         given = (queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue)
         if any(v is not None for v in given):
             raise UsageError("--flows: the names come from the flow file; give no --queue etc.")
+        if policy is not None:
+            raise UsageError("--flows: each flow's retry policy comes from the flow file")
         brokers = _flow_topologies(flow_file)
     else:
+        delays = (policy or RetryPolicy()).delays
         names = Topology.from_options(
-            queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue
+            queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue, delays
         ).check()
         brokers = {cli_url(): [names]}
     done = [(url, asyncio.run(declare(url, *names))) for url, names in brokers.items()]
@@ -140,7 +157,7 @@ def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
     for flow in ff.flows:
         if isinstance(flow.source, RabbitSource):
             url = amqp_url(flow.source.url)
-            brokers.setdefault(url, []).append(Topology.for_source(flow.source))
+            brokers.setdefault(url, []).append(Topology.for_flow(flow))
     if not brokers:
         raise UsageError(f"{flow_file}: no rabbitmq flow: nothing to declare")
     return brokers

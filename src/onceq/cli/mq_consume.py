@@ -10,6 +10,7 @@ import click
 
 from onceq.cli.flow_options import flow_options
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
 from onceq.errors import UsageError
 
 
@@ -69,6 +70,7 @@ def cli_url() -> str:
     is_flag=True,
     help="A batch: stop once the queue is drained and nothing is in flight.",
 )
+@retry_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     claim_url: str | None,
@@ -84,15 +86,27 @@ def consume(
 ) -> None:
     """Consume claim.in, POST each claim to CLAIM/v1/claims, ack after the ledger.
 
-    201 → recorded, then acked. 422 → dead-lettered at once. 503, other
-    statuses, connection errors and timeouts → requeued once, then
-    dead-lettered. A message_id already in the ledger is acked without a call.
+    201 → recorded, then acked. 422 → dead-lettered at once. A message_id
+    already in the ledger is acked without a call. 503, other statuses,
+    connection errors and timeouts are transient: retried once at once, then
+    after 5s, 30s, 2m and 10m (each wait a copy in a retry queue,
+    claim.retry.5s …, declared by `onceq mq topology`), then dead-lettered. A
+    Retry-After on a 429/503 picks a wait at least that long. --retry exercise
+    is the exercise's rule instead (requeued once, then dead-lettered); the
+    lab's consumer.py passes it, with --no-breaker.
+
+    The circuit breaker (on unless --no-breaker): after 5 transient failures in a
+    row on different messages, no new call starts; the messages taken meanwhile go
+    back to the queue untried (no attempt spent: the partner is down, not them),
+    the consumer stops taking more, and one message probes the partner after 1s,
+    2s, 4s … (at most 30s); a success closes it. One log line per change.
 
     Your own flow instead of --claim: --url URL (and --queue, --id-field …)
     POSTs each message of --queue to URL: 2xx done, 409 done as a partner
-    duplicate, other 4xx dead at once, 5xx/408/425/429 and timeouts requeued
-    once, then dead-lettered (see --success … --transient). The id is the
-    message_id property, else the --id-field of the body.
+    duplicate, other 4xx dead at once, 5xx/408/425/429 and timeouts retried as
+    above (see --success … --transient); its retry queues are QUEUE's stem +
+    .retry.5s …. The id is the message_id property, else the --id-field of the
+    body.
 
     Signals: this consumer runs until it is stopped, so a stop is its normal end:
     SIGTERM, SIGINT or --max-seconds take nothing more, finish the in-flight
@@ -101,16 +115,21 @@ def consume(
     on stderr shows the progress; piped, nothing.
 
     --until-empty makes it a batch: it stops once the queue (claim.in, or --queue)
-    has nothing ready and every delivery it took is settled (retries included), and exits 0. Like
-    every batch that is to finish a queue (dirq consume), it exits 130 (SIGINT) /
-    143 (SIGTERM) when a signal stops it first, and 1 when --max-seconds runs out
-    first, so that a script knows it did not finish.
+    has nothing ready, no retry queue holds a copy, the breaker is closed and every
+    delivery it took is settled, and exits 0. Like every batch that is to finish
+    a queue (dirq consume), it exits 130 (SIGINT) / 143 (SIGTERM) when a signal
+    stops it first, and 1 when --max-seconds runs out first, so that a script
+    knows it did not finish.
 
     \b
     Example:
       onceq partner claim --port 9202 &
+      onceq mq topology
       onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
       onceq mq consume --claim http://127.0.0.1:9202 --until-empty --json
+      onceq mq consume --claim http://127.0.0.1:9202 --retry exercise --no-breaker
+      onceq mq topology --retry-delays 1s,10s
+      onceq mq consume --claim http://127.0.0.1:9202 --retry-delays 1s,10s
       onceq mq consume --queue invoice.in --id-field invoiceId \\
           --url http://127.0.0.1:9300/api/invoices --until-empty
     """
@@ -119,7 +138,9 @@ def consume(
     from onceq.cli.progress import live_progress
 
     url = cli_url()
+    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
+    flow = apply_retry(flow, retry_values)
     opts = ConsumeOptions(
         claim_url=claim_url or "",
         db=db or default_db(),

@@ -2,9 +2,13 @@
 
     R/eaimw/mq/mq-up.sh       start (or reuse) the broker as rabbit@localhost, memory
                               alarm at an absolute 512MiB
-    R/eaimw/mq/topology.py    = onceq mq topology
+    R/eaimw/mq/topology.py    = onceq mq topology --retry exercise (the exercise's
+                              six objects: no retry queue)
     R/eaimw/mq/publish.py F…  = onceq mq publish F…
-    R/eaimw/mq/consumer.py    = onceq mq consume, ledger default R/eaimw/mq/processed.db
+    R/eaimw/mq/consumer.py    = onceq mq consume --retry exercise --no-breaker (the
+                              exercise's rule: a transient failure is requeued once,
+                              then dead-lettered), ledger default
+                              R/eaimw/mq/processed.db
     R/eaimw/mq/status.txt     `rabbitmqctl -n rabbit@localhost status` after mq-up.sh
     R/eaimw/mq/claim.json     a sample claim, so that `python3 publish.py claim.json`
                               works as the exercise writes it (never overwritten)
@@ -58,11 +62,14 @@ echo "mq-up.sh: memory high watermark set to 512MiB"
 """
 
 # Each script forwards to the CLI, so it behaves exactly as the command (exit codes,
-# messages, EAI_AMQP_URL); sys.argv is passed through untouched.
+# messages, EAI_AMQP_URL); sys.argv is passed through untouched, after the exercise's
+# policy (a flag given on the command line comes later, so it wins).
 TOPOLOGY_PY = """
 from onceq.cli import main
 
-main(["mq", "topology", *sys.argv[1:]])
+# The exercise's topology: its six objects, no retry queue (the exercise's rule has no
+# delayed retry).
+main(["mq", "topology", "--retry", "exercise", *sys.argv[1:]])
 """
 
 PUBLISH_PY = """
@@ -80,7 +87,9 @@ from onceq.cli import main
 os.environ.setdefault(
     "EAI_MQ_DB", os.path.join(os.path.dirname(os.path.abspath(__file__)), "processed.db")
 )
-main(["mq", "consume", *sys.argv[1:]])
+# The exercise's rule, exactly: a transient failure is requeued once, then
+# dead-lettered; no circuit breaker.
+main(["mq", "consume", "--retry", "exercise", "--no-breaker", *sys.argv[1:]])
 """
 
 

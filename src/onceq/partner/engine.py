@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from onceq.errors import UsageError
+from onceq.errors import OnceqError, UsageError
 from onceq.partner.outage import Outage, check
 
 
@@ -279,6 +279,8 @@ async def serve(
         await runner.cleanup()
         raise UsageError(f"{host}:{port}: cannot listen: {exc.strerror or exc}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
+    stop = asyncio.Event()
+    lost: list[str] = []  # why it could not listen again after a refuse outage
 
     async def close_listener() -> None:
         nonlocal site
@@ -293,8 +295,18 @@ async def serve(
         nonlocal site
         # The same port: the client's URL must work again. A new site, as a stopped
         # one is unregistered from the runner.
-        site = web.TCPSite(runner, host, bound)
-        await site.start()
+        why = ""
+        for _ in range(50):  # the port was ours a moment ago: a short wait, not a failure
+            site = web.TCPSite(runner, host, bound)
+            try:
+                await site.start()
+                return
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                await site.stop()  # registered with the runner though not listening
+                await asyncio.sleep(0.1)
+        lost.append(why)
+        stop.set()  # a stub that cannot come back ends (exit 1), rather than stay down unseen
 
     outage.close_listener, outage.open_listener = close_listener, open_listener
     if down is not None:
@@ -308,7 +320,6 @@ async def serve(
     if down is not None:
         out.write(outage.down_line(down[0], down[1]) + "\n")
     out.flush()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -317,6 +328,8 @@ async def serve(
     finally:
         await outage.end(quiet=True)
         await runner.cleanup()
+    if lost:
+        raise OnceqError(f"{host}:{bound}: cannot listen again after the outage: {lost[0]}")
 
 
 def run_stub(

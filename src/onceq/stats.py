@@ -1,0 +1,100 @@
+"""What one run did, by final outcome: the counters every summary reports.
+
+Kept apart from the consume loop (onceq.consumer), which fills them in as it settles;
+`from onceq.consumer import Stats` keeps working.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceq.ledger import Entry
+from onceq.transport import Kind, Settle
+
+# The counters a summary reports, in the order it reports them.
+COUNTS = (
+    "received",
+    "processed",
+    "duplicates",
+    "partner_duplicates",
+    "recovered",
+    "requeued",
+    "held",
+    "dead",
+)
+
+
+@dataclass
+class Stats:
+    """What one run did, by final outcome.
+
+    `reasons` counts the dead letters by reason, and only them: a summary that mixed
+    in the retries would report more failures than messages were lost. A requeue is
+    not a verdict (the copy comes back), so its reasons are kept apart.
+    `dead_word` is the transport's name for a dead letter ("quarantined" for a
+    directory queue, whose error/ folder holds them); JSON and human summaries both
+    use it, so a user meets one word for one outcome.
+    """
+
+    received: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    # Done, but the partner said it already had it (an HTTP 409 by default): the
+    # message is recorded like any success and counted apart, so a run that only
+    # re-sent what a partner held does not read as one that created everything.
+    partner_duplicates: int = 0
+    recovered: int = 0  # committed by a crashed run; only the settle was redone
+    requeued: int = 0  # retried: at once (requeue) or after a delay (a retry tier)
+    held: int = 0  # given back untried while the breaker was open (no attempt spent)
+    dead: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
+    requeued_reasons: Counter[str] = field(default_factory=Counter)
+    dead_word: str = field(default="dead", compare=False)
+
+    def add(self, e: Entry) -> None:
+        if e.recovered:
+            self.recovered += 1
+        elif e.kind is Kind.SUCCESS:
+            if e.fields.get("partner_duplicate"):
+                self.partner_duplicates += 1
+            else:
+                self.processed += 1
+        elif e.kind is Kind.DUPLICATE:
+            self.duplicates += 1
+        elif e.settle is Settle.RELEASE:
+            self.held += 1
+        elif e.settle in (Settle.REQUEUE, Settle.DELAY):
+            self.requeued += 1
+            self.requeued_reasons[e.reason] += 1
+        else:
+            self.dead += 1
+            self.reasons[e.reason] += 1
+
+    @property
+    def all_failed(self) -> bool:
+        """Every message that reached a verdict was a dead letter: nothing took effect.
+
+        A run that only failed deserves more than a count buried in a summary line
+        (a wrong --required, a claim system that refuses everything).
+        """
+        done = self.processed + self.duplicates + self.partner_duplicates + self.recovered
+        return self.dead > 0 and done == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS if k != "dead"}
+        out[self.dead_word] = self.dead
+        out["reasons"] = dict(sorted(self.reasons.items()))
+        out["requeued_reasons"] = dict(sorted(self.requeued_reasons.items()))
+        out["all_failed"] = self.all_failed
+        return out
+
+    def merge(self, d: dict[str, Any]) -> None:
+        """Add another run's `as_dict()` (a --workers child's report) to these counts."""
+        for k in COUNTS:
+            key = self.dead_word if k == "dead" else k
+            # .get: a report of an older onceq (no partner_duplicates) still merges.
+            setattr(self, k, getattr(self, k) + d.get(key, 0))  # .get: an older report
+        self.reasons.update(d["reasons"])
+        self.requeued_reasons.update(d["requeued_reasons"])
