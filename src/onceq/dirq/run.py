@@ -133,9 +133,7 @@ async def consume_flow(
                 ledger,
                 flow.message.decode,
                 handler or no_effect,
-                # Twice the group: one group is being committed while the next is
-                # claimed.
-                max_in_flight=2 * GROUP,
+                max_in_flight=_in_flight(flow, handler),
                 max_group=GROUP,
                 # The flow's policy: a transient failure waits in retry/ for its tier
                 # (the orders preset's is RetryPolicy.none(): quarantined at once).
@@ -151,6 +149,22 @@ async def consume_flow(
                 stop.discard(consumer.stop)
     finally:
         await close_effect(handler)
+
+
+def _in_flight(flow: Flow, handler: object) -> int:
+    """How many files one consumer holds claimed at once.
+
+    The ledger row alone (no call): twice the group, one group being committed while
+    the next is claimed. With a call: twice the effect's concurrency. The breaker is
+    asked before each call, so every copy already past it when it opens is called
+    anyway: with 512 claimed, an outage would try (and move into retry/) the whole
+    queue before the breaker could hold anything. And a file claimed ahead of the
+    partner's pace only moves the backlog from inbox/ (where `lag` sees it and
+    another --workers consumer can take it) into our claim folder.
+    """
+    if handler is None:
+        return 2 * GROUP
+    return 2 * max(int(getattr(flow.effect, "concurrency", 5) or 1), 1)
 
 
 def _worker_main(flow: Flow, db: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
