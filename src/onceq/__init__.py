@@ -41,6 +41,8 @@ _LAZY = {
     "SqlEffect": "onceq.effect",
     "Reject": "onceq.effect",
     "Retry": "onceq.effect",
+    "RetryPolicy": "onceq.retry",
+    "BreakerPolicy": "onceq.retry",
     "run": "onceq.runner",
     "run_async": "onceq.runner",
     "load_flows": "onceq.flowfile",
@@ -59,6 +61,7 @@ _LAZY = {
 # Written out (not built from _LAZY): a linter and a reader see the public names here.
 __all__ = [
     "BadMessage",
+    "BreakerPolicy",
     "BrokerUnavailable",
     "Conflict",
     "Consumer",
@@ -79,6 +82,7 @@ __all__ = [
     "RabbitSource",
     "Reject",
     "Retry",
+    "RetryPolicy",
     "Settle",
     "SqlEffect",
     "Stats",
@@ -101,6 +105,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from onceq.ledger import Ledger
     from onceq.memory import MemoryTransport
     from onceq.message import MessageSpec
+    from onceq.retry import BreakerPolicy, RetryPolicy
     from onceq.runner import run, run_async
     from onceq.transport import Delivery, Kind, Settle, decide
 

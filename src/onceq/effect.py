@@ -7,7 +7,7 @@ pattern), so the business rows and the dedup row commit together or not at all.
 `PythonEffect` runs a user's function as the call effect; `load_callable` finds it
 from `package.module:function`. `Reject` and `Retry` are how a user's function says
 what happened: returning is success, `Reject` is dead at once, `Retry` (or any other
-exception) is transient.
+exception) is transient; `Retry("why", after=30)` also asks for a wait of 30 s or more.
 """
 
 from __future__ import annotations
@@ -30,7 +30,27 @@ class Reject(Exception):
 
 
 class Retry(Exception):
-    """The message may succeed later: a transient failure."""
+    """The message may succeed later: a transient failure.
+
+    `after` (seconds, or a duration such as "30s") is the least wait before the next
+    try, as a partner's Retry-After: the retry policy picks the first delayed tier at
+    least that long (an immediate retry is skipped). Capped at one day.
+    """
+
+    def __init__(self, *args: object, after: float | str | None = None) -> None:
+        super().__init__(*args)
+        self.after: float | None = None
+        if after is not None:
+            from onceq.http_effect import RETRY_AFTER_CAP
+            from onceq.retry import parse_duration
+
+            # A bad value is the caller's bug, raised where it is made (a ValueError in
+            # a handler is then that message's internal-error, never the run's).
+            try:
+                seconds = parse_duration(after, "Retry after")
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+            self.after = min(seconds, RETRY_AFTER_CAP) or None
 
 
 @dataclass(frozen=True)
@@ -86,7 +106,7 @@ class PythonEffect:
         except Reject as exc:
             return Outcome(Kind.REJECTED, "rejected", _short(str(exc)))
         except Retry as exc:
-            return Outcome(Kind.TRANSIENT, "retry", _short(str(exc)))
+            return Outcome(Kind.TRANSIENT, "retry", _short(str(exc)), retry_after=exc.after)
         except Exception as exc:  # a bug in the user's function is that message's, not the run's
             return Outcome(Kind.TRANSIENT, "internal-error", _short(f"{type(exc).__name__}: {exc}"))
         return Outcome(Kind.SUCCESS, fields=fields)

@@ -8,6 +8,8 @@
     [flows.invoices.http]
     url = "http://127.0.0.1:9300/api/invoices"
     headers = { Authorization = "Bearer ${INVOICE_TOKEN}" }
+    [flows.invoices.retry]           # and [flows.invoices.breaker]: onceq.flowfile_retry
+    delays = ["5s", "30s"]
 
 Every mistake is collected (not only the first), each as one line
 `FILE: line N: flows.invoices.http.url: why`, so `onceq check` shows them all and a
@@ -38,6 +40,7 @@ from onceq.flowfile_keys import (
     check,
     get,
 )
+from onceq.flowfile_retry import breaker_of, retry_of
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -188,9 +191,10 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:
     spec = spec_of(t, m, where)
     effect = effect_of(t, m, where, base)
     sql = sql_of(t, m, where, base)
+    retry, breaker = retry_of(t, m, where), breaker_of(t, m, where)
     if len(m) > before:
         return None
-    return Flow(name, source, spec, effect, sql)
+    return Flow(name, source, spec, effect, sql, retry=retry, breaker=breaker)
 
 
 def _amqp_url(url: str) -> None:

@@ -40,6 +40,8 @@ FLOW_KEYS = (
         "http",
         "python",
         "sql",
+        "retry",
+        "breaker",
     }
 )
 HTTP_KEYS = {

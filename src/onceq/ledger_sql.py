@@ -149,7 +149,8 @@ def _run_one(
     e.attempt = ledger.failures_in(conn, e.delivery.msg_id) + 1
     e.kind, e.reason, e.detail, e.recovered = kind, reason, detail, False
     if e.policy is not None:
-        e.settle, e.delivery.delay = e.policy.decide(kind, e.attempt)
+        after = raised.after if isinstance(raised, Retry) else None  # Retry(after=…)
+        e.settle, e.delivery.delay = e.policy.decide(kind, e.attempt, after)
     else:
         e.settle = decide(kind, e.delivery.redelivered, e.attempt, e.max_attempts)
 

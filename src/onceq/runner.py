@@ -349,8 +349,16 @@ async def _run_transport(
     handler = flow.handler()
     try:
         with open_ledger(flow, ledger, "memory") as book:
+            # The flow's own policies (the Python API's defaults: 1 immediate retry and
+            # the delayed tiers, the breaker on with a call effect), as every transport.
             consumer = Consumer(
-                flow.source, book, flow.message.decode, handler or no_effect, on_settled=on_settled
+                flow.source,
+                book,
+                flow.message.decode,
+                handler or no_effect,
+                on_settled=on_settled,
+                retry=flow.retry_policy(),
+                breaker=flow.breaker_policy(),
             )
             stop.add(consumer.stop)
             try:

@@ -32,6 +32,8 @@ PUBLIC = [
     "SqlEffect",
     "Reject",
     "Retry",
+    "RetryPolicy",
+    "BreakerPolicy",
     "run",
     "run_async",
     "load_flows",
@@ -152,6 +154,7 @@ def test_a_users_flow_runs_on_the_memory_transport_without_a_broker(tmp_path: Pa
         onceq.MessageSpec(id_field="invoiceId", required=("customer", "total"), keep=("total",)),
         effect=check_invoice,
         sql=onceq.SqlEffect(save_invoice, setup=INVOICES_DDL),
+        retry=onceq.RetryPolicy.exercise(),  # one immediate retry, then dead: no waiting
     )
     ledger = tmp_path / "ledger.db"
 
@@ -161,7 +164,7 @@ def test_a_users_flow_runs_on_the_memory_transport_without_a_broker(tmp_path: Pa
     assert isinstance(s, onceq.Stats)
     assert (s.processed, s.duplicates, s.dead, s.requeued) == (2, 1, 4, 1), s
     assert dict(s.reasons) == {"rejected": 1, "retry": 1, "missing-field": 1, "parse": 1}
-    # The BUSY invoice was retried once (the broker rule: 2 attempts), the re-sent copy
+    # The BUSY invoice was retried once (the exercise's rule: 2 attempts), the re-sent copy
     # never reached the function; the refused messages are in the transport's dead list.
     assert sorted(calls) == ["INV-1", "INV-2", "INV-5", "INV-6", "INV-6"]
     assert sorted(reason for _, reason in transport.dead) == [
@@ -195,3 +198,49 @@ def test_a_flow_that_cannot_run_is_refused_with_a_usage_error(tmp_path: Path) ->
     with pytest.raises(onceq.UsageError, match="flow name"):
         onceq.run(onceq.Flow("no spaces", onceq.MemoryTransport()), ledger=tmp_path / "l.db")
     assert not (tmp_path / "l.db").exists()
+
+
+# --- retries and the breaker, through onceq.run --------------------------------------
+
+
+def _doc(msg_id: str) -> bytes:
+    return json.dumps({"msg_id": msg_id}).encode()
+
+
+def test_a_flows_retry_policy_gives_a_flaky_partner_its_delayed_tries(tmp_path: Path) -> None:
+    """Two transient failures, then success: one immediate retry, then the 50 ms tier,
+    each failure recorded durably (requeue, then delay) and the message done once."""
+    tries: list[str] = []
+
+    def flaky(doc: dict[str, Any]) -> None:
+        tries.append(doc["msg_id"])
+        if len(tries) < 3:
+            raise onceq.Retry("partner warming up")
+
+    queue = onceq.MemoryTransport()
+    queue.publish(_doc("m1"))
+    policy = onceq.RetryPolicy(immediate=1, delays=("50ms", "1s"))
+    flow = onceq.Flow("f", queue, effect=flaky, retry=policy, breaker=onceq.BreakerPolicy.off())
+    s = onceq.run(flow, ledger=tmp_path / "l.db", until_empty=True)["f"]
+    assert (s.processed, s.requeued, s.dead, tries) == (1, 2, 0, ["m1"] * 3)
+    assert [delay for _, delay in queue.delayed] == [0.05]
+    with sqlite3.connect(tmp_path / "l.db") as db:
+        rows = db.execute("SELECT attempt, action, delay_s FROM failures ORDER BY id").fetchall()
+    assert rows == [(1, "requeue", None), (2, "delay", 0.05)]
+
+
+def test_a_flow_without_a_policy_runs_the_default_tiers(tmp_path: Path) -> None:
+    """No retry given: 1 immediate retry, then the first tier (5 s) — seen in the ledger
+    and the transport before it comes back; the run is stopped by max_seconds."""
+
+    def down(doc: dict[str, Any]) -> None:
+        raise onceq.Retry("partner down")
+
+    queue = onceq.MemoryTransport()
+    queue.publish(_doc("m1"))
+    flow = onceq.Flow("f", queue, effect=down)
+    s = onceq.run(flow, ledger=tmp_path / "l.db", max_seconds=1.0)["f"]
+    assert (s.processed, s.requeued, s.dead) == (0, 2, 0)
+    assert [delay for _, delay in queue.delayed] == [5.0]
+    assert flow.retry_policy() == onceq.RetryPolicy() and onceq.RetryPolicy().delays[0] == 5.0
+    assert flow.breaker_policy() == onceq.BreakerPolicy()  # a call effect: the breaker on

@@ -36,8 +36,11 @@ def check(file: Path, as_json: bool) -> None:
     checks every key; it opens no ledger, queue folder or broker connection.
     A flow file holds one ledger and one [flows.NAME] table per flow: a source
     (dirq: path; rabbitmq: queue, url, exchange, …), the message (id_field,
-    required, group_field, seq_field, keep) and an effect ([flows.NAME.http],
-    [flows.NAME.python] function = "module:func", [flows.NAME.sql]).
+    required, group_field, seq_field, keep), an effect ([flows.NAME.http],
+    [flows.NAME.python] function = "module:func", [flows.NAME.sql]), and
+    optionally retry = "default"|"exercise"|"none" or [flows.NAME.retry]
+    (immediate, delays) and [flows.NAME.breaker] (enabled, failures, probe,
+    max_probe). Each flow's line shows the retry policy and breaker it runs with.
 
     \b
     Example (flows.toml):
@@ -50,21 +53,35 @@ def check(file: Path, as_json: bool) -> None:
       [flows.invoices.http]
       url = "http://127.0.0.1:9300/api/invoices"
       headers = { X-Api-Key = "${INVOICE_API_KEY}" }
+      [flows.invoices.retry]
+      immediate = 1
+      delays = ["5s", "30s", "2m"]
+      [flows.invoices.breaker]
+      failures = 5
+      probe = "1s"
 
     \b
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
+    from onceq.flowfile_retry import describe, summary
+
     ff = load_or_exit(file, ())
     rows = [
-        {"name": f.name, "source": f.kind, "effect": _effect_word(f), "sql": f.sql is not None}
+        {
+            "name": f.name,
+            "source": f.kind,
+            "effect": _effect_word(f),
+            "sql": f.sql is not None,
+            **describe(f),
+        }
         for f in ff.flows
     ]
     if as_json:
         emit_json({"file": str(file), "ledger": str(ff.ledger), "flows": rows, "ok": True})
         return
-    for r in rows:
+    for f, r in zip(ff.flows, rows, strict=True):
         sql = " + sql" if r["sql"] else ""
-        click.echo(f"{file}: flow {r['name']}: {r['source']} -> {r['effect']}{sql}")
+        click.echo(f"{file}: flow {r['name']}: {r['source']} -> {r['effect']}{sql}; {summary(f)}")
     click.echo(f"{file}: OK, {len(rows)} flow(s), ledger {ff.ledger}")
 
 
