@@ -127,15 +127,21 @@ def test_run_two_flows_in_one_process_one_ledger_overlapping_ids(tmp_path: Path)
             'ledger = "./ledger.db"\n'
             '[flows.posted]\nsource = "dirq"\npath = "./a"\nid_field = "invoiceId"\n'
             f'[flows.posted.http]\nurl = "{p.url}/api/invoices"\n'
+            '[flows.posted.retry]\nimmediate = 0\ndelays = ["200ms"]\n'
             '[flows.saved]\nsource = "dirq"\npath = "./b"\nid_field = "invoiceId"\n'
             '[flows.saved.sql]\nfunction = "invoices_app:save"\n'
             'setup = "CREATE TABLE IF NOT EXISTS invoices'
             ' (id TEXT PRIMARY KEY, customer TEXT, total REAL)"\n'
         )
         r = run_cli("run", str(tmp_path / "flows.toml"), "--until-empty", "--json")
+        busy_calls = p.stats()["by_id"]["INV-6"]
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["flows"]["posted"]["processed"] == 4
+    # The always-busy INV-6: its flow's policy (no immediate retry, one after 200ms),
+    # then quarantined; --until-empty waited for it in a/retry/.
+    assert out["flows"]["posted"]["requeued_reasons"] == {"http-503": 1}
+    assert busy_calls == 2
     # The SQL flow has no partner: all 7 files with an id are stored, the resent INV-1
     # is a duplicate, and the same ids as the other flow's are never refused.
     assert out["flows"]["saved"]["processed"] == 6
