@@ -174,3 +174,28 @@ def test_workers_share_retry_and_each_ends_when_it_is_empty(tmp_path: Path) -> N
     assert files(q, "done") == [f"m-{i}.json" for i in ids]
     assert all(len(s) == 3 and s[-1] == 201 for s in p.by_id().values())
     assert not files(q, "retry") and not files(q, "processing")
+
+
+def test_a_python_effect_s_retry_after_is_honoured_on_a_directory_queue(tmp_path: Path) -> None:
+    """`raise onceq.Retry(why, after=…)` in a Python effect, through onceq.run on a
+    real queue folder: the file waits in retry/ at least that long (the first tier at
+    least as long), then succeeds."""
+    import onceq
+
+    q = make_queue(tmp_path, ["A"])
+    calls: list[float] = []
+
+    def call(doc: dict) -> None:
+        calls.append(time.time())
+        if len(calls) == 1:
+            raise onceq.Retry("busy", after=1.5)
+
+    spec = onceq.MessageSpec(id_field="id")
+    retry = onceq.RetryPolicy(immediate=1, delays=("300ms", "2s"))
+    flow = onceq.Flow("py", onceq.DirSource(q), spec, effect=call, retry=retry)
+    s = onceq.run(flow, ledger=str(tmp_path / "py.db"), until_empty=True)["py"]
+    assert (s.processed, s.requeued, s.dead) == (1, 1, 0)
+    assert len(calls) == 2
+    # Not the immediate retry, not the 300ms tier: the 2s one.
+    assert 2.0 <= calls[1] - calls[0] <= 2.0 + LATE
+    assert files(q, "done") == ["m-A.json"] and files(q, "retry") == []
