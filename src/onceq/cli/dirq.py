@@ -213,13 +213,14 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     """Print `inbox=N processing=N error=N`; exit 1 when inbox > THRESHOLD.
 
     Counts message files only (not dotfiles or *.tmp partial writes), including
-    the files claimed in every processing/w-*/ worker folder. Once a file has
-    waited for a retry the queue has a retry/ folder, and the line ends with
-    ` retry=N` (and --json has "retry" and "waiting"): those files wait too, so
-    the threshold is then compared with inbox + retry. Exit 0 when that many
-    files or fewer wait, 1 when more, 2 for any bad argument: no such queue
-    folder (3 in the other commands; a monitor reads only 0, 1 and 2 here), or
-    THRESHOLD not a non-negative integer.
+    the files claimed in every processing/w-*/ worker folder. Exit 0 when the
+    inbox holds THRESHOLD files or fewer, 1 when more, 2 for any bad argument:
+    no such queue folder (3 in the other commands; a monitor reads only 0, 1
+    and 2 here), or THRESHOLD not a non-negative integer.
+
+    Once a file has waited for a retry the queue has a retry/ folder: the line
+    then ends with ` retry=N` (--json adds "retry" and "waiting"), and since
+    those files wait too, THRESHOLD is compared with inbox + retry.
 
     \b
     Example:
