@@ -28,6 +28,13 @@ Points (each named where it is reached):
                                 before the rest
     after-claim                 dirq: a file was renamed into processing/w-ID/ and
                                 not yet read (recovery by the next consumer)
+    after-retry-link            dirq: a transient failure is committed and its file,
+                                its due time set, linked into retry/, not yet
+                                fsynced nor unlinked from processing/ (two names:
+                                the next consumer must drop the claim, not run it
+                                beside the copy that retry/ hands out)
+    mid-replay                  dirq replay --all/--reason: a file is linked into
+                                inbox/ and still in error/ (its replay recorded)
     after-delay-publish         AMQP: the copies of a group's DELAY settles are
                                 confirmed in their retry queues, no original is
                                 acked yet (each message exists twice: the original
@@ -53,6 +60,8 @@ POINTS = (
     "after-commit-before-settle",
     "mid-settle",
     "after-claim",
+    "after-retry-link",
+    "mid-replay",
     "after-delay-publish",
 )
 

@@ -2,7 +2,7 @@
 queue and on RabbitMQ, against `onceq partner invoices` as a real process.
 
 201 processed; 409 recorded as done and counted as a partner duplicate; 422 dead at
-once; 503 transient (quarantined at once on a directory queue, retried once on
+once; 503 transient (retried after delays in retry/ on a directory queue, retried once on
 RabbitMQ); a `{field}` placeholder URL-encoded; two flows in one ledger never refuse
 each other's ids; `onceq run` with two flows in one process; an SQL-effect flow."""
 
@@ -41,14 +41,21 @@ def _flags(url: str) -> list[str]:
 def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     with partner(kind="invoices") as p:
-        r = run_cli("dirq", "consume", str(q), *_flags(p.url), "--keep", "customer,total")
+        r = run_cli(
+            "dirq", "consume", str(q), *_flags(p.url), "--keep", "customer,total",
+            "--retry-delays", "200ms,400ms",
+        )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        # INV-1, 2, 3, 7 created; the resent INV-1 is our duplicate (no call); 422 INV-5,
-        # 503 INV-6 (one try on a directory queue) and the id-less file quarantined.
+        # INV-1, 2, 3, 7 created; the resent INV-1 is our duplicate (no call); 422 INV-5
+        # and the id-less file quarantined at once; the always-busy INV-6 (503) retried
+        # once at once and after each delay (waiting in retry/), then quarantined.
         assert (out["processed"], out["duplicates"], out["quarantined"]) == (4, 1, 3), out
         assert out["reasons"] == {"http-422": 1, "http-503": 1, "missing-field": 1}
+        assert out["requeued_reasons"] == {"http-503": 3}
         assert p.stats()["by_id"].get("INV-1") == 1
+        assert p.stats()["by_id"].get("INV-6") == 4
+        assert not any((q / "retry").iterdir())  # the run ended with nothing waiting
         db = q / "ledger.db"
         assert _rows(db, "SELECT kept FROM messages WHERE msg_id = 'INV-2'") == [
             ('{"customer":"Globex","total":80}',)
@@ -57,8 +64,9 @@ def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
         # never seen them for this flow, the partner has: 409 = done, partner duplicate.
         again = _queue(tmp_path, "q2")
         r = run_cli(
-            "dirq", "consume", str(again), *_flags(p.url), "--db", str(db), "--flow", "resend"
-        )
+            "dirq", "consume", str(again), *_flags(p.url), "--db", str(db), "--flow", "resend",
+            "--retry", "none",
+        )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["partner_duplicates"] == 4 and out["processed"] == 0, out
@@ -119,15 +127,21 @@ def test_run_two_flows_in_one_process_one_ledger_overlapping_ids(tmp_path: Path)
             'ledger = "./ledger.db"\n'
             '[flows.posted]\nsource = "dirq"\npath = "./a"\nid_field = "invoiceId"\n'
             f'[flows.posted.http]\nurl = "{p.url}/api/invoices"\n'
+            '[flows.posted.retry]\nimmediate = 0\ndelays = ["200ms"]\n'
             '[flows.saved]\nsource = "dirq"\npath = "./b"\nid_field = "invoiceId"\n'
             '[flows.saved.sql]\nfunction = "invoices_app:save"\n'
             'setup = "CREATE TABLE IF NOT EXISTS invoices'
             ' (id TEXT PRIMARY KEY, customer TEXT, total REAL)"\n'
         )
         r = run_cli("run", str(tmp_path / "flows.toml"), "--until-empty", "--json")
+        busy_calls = p.stats()["by_id"]["INV-6"]
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["flows"]["posted"]["processed"] == 4
+    # The always-busy INV-6: its flow's policy (no immediate retry, one after 200ms),
+    # then quarantined; --until-empty waited for it in a/retry/.
+    assert out["flows"]["posted"]["requeued_reasons"] == {"http-503": 1}
+    assert busy_calls == 2
     # The SQL flow has no partner: all 7 files with an id are stored, the resent INV-1
     # is a duplicate, and the same ids as the other flow's are never refused.
     assert out["flows"]["saved"]["processed"] == 6

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onceq.cli.dirq_dead import dead, replay
 from onceq.cli.dirq_results import (
     DB_HELP,
     DEFAULT_REQUIRED,
@@ -17,8 +18,9 @@ from onceq.cli.dirq_results import (
     report,
     schema,
 )
-from onceq.cli.flow_options import flow_name_option, flow_options
+from onceq.cli.flow_options import flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
+from onceq.cli.retry_options import retry_options
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -36,7 +38,7 @@ def dirq() -> None:
     """
 
 
-for _command in (schema, order_check, report):
+for _command in (schema, order_check, report, replay, dead):
     dirq.add_command(_command)
 
 
@@ -81,6 +83,7 @@ def init(qdir: Path, source: Path | None) -> None:
     help="Files larger than this are not messages (consume quarantines them unread).",
 )
 @flow_options()
+@retry_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     qdir: Path,
@@ -102,9 +105,16 @@ def consume(
     are the exercise's orders (msg_id, order_no, seq, amount into the processed
     table). With them it is your own flow: the id from --id-field, and with
     --url each message is POSTed there (2xx done, 409 done as a partner
-    duplicate, other 4xx quarantined; see --success … --transient). On a
-    directory queue a transient failure (5xx, timeout) is quarantined at once
-    for now: a file gets one try (replay it from error/).
+    duplicate, other 4xx quarantined; see --success … --transient).
+
+    A transient failure (5xx, timeout, refused connection) is retried: once at
+    once, then after 5s, 30s, 2m and 10m, then quarantined (--retry,
+    --immediate-retries, --retry-delays change it; the orders preset has no
+    retry: its only effect is the ledger row). A file waiting for its retry is
+    in QDIR/retry/, due at its modification time; the run ends when inbox/,
+    its claims and retry/ are empty, sleeping until the next retry is due. With
+    --url a circuit breaker holds the files (back to inbox/, no attempt spent)
+    while the partner keeps failing, probing it with one file at a time.
 
     Signals: this is a batch that is to empty the inbox, so a run that a signal
     stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
@@ -118,6 +128,7 @@ def consume(
       onceq dirq consume ./q --workers 2
       onceq dirq consume ./inv --id-field invoiceId --url http://127.0.0.1:9300/api/invoices
       onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
+      onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s
     """
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import Interrupted
@@ -142,7 +153,17 @@ def consume(
 def _consume_flow(
     qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
 ) -> Any:
-    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options)."""
+    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options),
+    with the retry and breaker flags applied (the preset keeps none unless given)."""
+    from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry
+
+    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
+    return apply_retry(_base_flow(qdir, workers, required, max_bytes, flags), retry_values)
+
+
+def _base_flow(
+    qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
+) -> Any:
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
     from onceq.flow import DirSource, orders_flow
 
@@ -197,6 +218,10 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     no such queue folder (3 in the other commands; a monitor reads only 0, 1
     and 2 here), or THRESHOLD not a non-negative integer.
 
+    Once a file has waited for a retry the queue has a retry/ folder: the line
+    then ends with ` retry=N` (--json adds "retry" and "waiting"), and since
+    those files wait too, THRESHOLD is compared with inbox + retry.
+
     \b
     Example:
       onceq dirq lag ./q 100 || echo "the consumers are behind"
@@ -208,53 +233,22 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     if not threshold.isascii() or not threshold.isdigit():
         raise UsageError(f"threshold {threshold!r}: not a non-negative integer")
     limit = int(threshold)
+    queue = DirQueue(qdir)
     try:
-        counts = DirQueue(qdir).counts(("inbox", "processing", "error"))
+        counts = queue.counts(("inbox", "processing", "error", "retry"))
     except NotFound as exc:  # a wrong folder is a bad argument here (exit 2, not 3)
         raise UsageError(str(exc)) from exc
-    over = counts["inbox"] > limit
+    waiting = counts["inbox"] + counts["retry"]
+    over = waiting > limit
+    # Without retry/ both outputs are exactly the exercise's (a monitor may parse them).
+    has_retry = queue.has_retry()
     if as_json:
-        emit_json({**counts, "threshold": limit, "over": over})
+        if not has_retry:
+            del counts["retry"]
+        extra = {"waiting": waiting} if has_retry else {}
+        emit_json({**counts, **extra, "threshold": limit, "over": over})
     else:
-        click.echo(
-            f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
-        )
+        line = f"inbox={counts['inbox']} processing={counts['processing']} error={counts['error']}"
+        click.echo(line + (f" retry={counts['retry']}" if has_retry else ""))
     if over:
         click.get_current_context().exit(1)
-
-
-@dirq.command(context_settings={"ignore_unknown_options": True})
-@click.argument("qdir", type=QDIR)
-@click.argument("file")
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
-@flow_name_option("The flow that quarantined FILE (its replay is recorded under that flow).")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def replay(qdir: Path, file: str, db: Path | None, flow_name: str, as_json: bool) -> None:
-    """Move error/FILE back to inbox/FILE and record the replay in the ledger.
-
-    FILE is a plain file name in QDIR/error/. A refused replay changes nothing,
-    neither the folders nor the ledger: exit 2 for a bad name ('..', 'a/b', ''),
-    3 when error/FILE does not exist, 4 when inbox/FILE already exists.
-
-    \b
-    Example:
-      onceq dirq replay ./q msg-009.json && onceq dirq consume ./q
-    """
-    from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger, check_flow_name
-
-    check_flow_name(flow_name)  # before anything moves: a refusal changes nothing
-    queue = DirQueue(qdir)
-
-    def record(name: str) -> None:
-        # Opened only once every check has passed: a refusal never creates the ledger.
-        with Ledger(db or queue.default_db, flow=flow_name) as ledger:
-            if ledger.created:
-                note_new_ledger(ledger.path)
-            ledger.record_replay(name)
-
-    dst = queue.replay(file, record)
-    if as_json:
-        emit_json({"replayed": file, "to": str(dst)})
-    else:
-        click.echo(f"{qdir}: error/{file} -> inbox/{file} (replay recorded)")

@@ -181,7 +181,8 @@ def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
     dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
     error.csv: `file,reason`, one row per file now in error/ with the newest
     failure reason the ledger holds for it (`unknown` when it has none). Both
-    come from durable state: any run writes the same files.
+    come from durable state: any run writes the same files. Files waiting for
+    a retry (in retry/) are not errors: the summary line counts them apart.
 
     \b
     Example:
@@ -196,8 +197,19 @@ def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
         dup, err = write_report(queue, ledger)
     dups = dup.read_text().split()
     rows = err.read_text().count("\n") - 1
+    retrying = queue.counts(("retry",))["retry"]
     if as_json:
-        emit_json({"dup": str(dup), "error": str(err), "duplicates": dups, "errors": rows})
+        emit_json(
+            {
+                "dup": str(dup),
+                "error": str(err),
+                "duplicates": dups,
+                "errors": rows,
+                "retrying": retrying,
+            }
+        )
     else:
         # The JSON's words: "duplicates" (ids in dup.txt), "errors" (rows in error.csv).
-        click.echo(f"{dup}: {len(dups)} duplicates; {err}: {rows} errors (files in error/)")
+        line = f"{dup}: {len(dups)} duplicates; {err}: {rows} errors (files in error/)"
+        # Only a queue that has retried says so: the exercise's line stays as it was.
+        click.echo(line + (f"; {retrying} waiting in retry/" if queue.has_retry() else ""))

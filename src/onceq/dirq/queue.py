@@ -5,6 +5,7 @@
       … + ledger row committed       S3 effect durable, move pending
     QDIR/done/NAME                   S4 finished (processed or a duplicate)
     QDIR/error/NAME + failure row    S5 quarantined
+    QDIR/retry/NAME + failure row    S6 waits for a retry, due at its mtime
 
 Claiming, recovery and the moves after a commit belong to the consumer and live
 in `onceq.dirq.worker`; the no-clobber file operations in `onceq.dirq.files`.
@@ -20,6 +21,9 @@ from onceq.dirq.files import check_name, fsync_dir, is_message_name, write_atomi
 from onceq.errors import Conflict, NotFound, QueueError, UsageError
 
 FOLDERS = ("inbox", "processing", "done", "error")
+# Files waiting for a retry (onceq.dirq.retry_area). Not in FOLDERS: it is created
+# the first time a file waits, so a queue without it (the exercise's) is complete.
+RETRY = "retry"
 
 
 class DirQueue:
@@ -78,8 +82,15 @@ class DirQueue:
         self.check()
         out = {}
         for f in folders:
+            if f == RETRY and not self.folder(f).is_dir():
+                out[f] = 0  # made on demand: a queue that never retried has none
+                continue
             out[f] = sum(1 for _ in self._messages(self.folder(f), nested=(f == "processing")))
         return out
+
+    def has_retry(self) -> bool:
+        """Has a file ever waited for a retry here (QDIR/retry/ exists)?"""
+        return self.folder(RETRY).is_dir()
 
     def _messages(
         self, folder: Path, nested: bool = False, may_vanish: bool = False
@@ -106,8 +117,11 @@ class DirQueue:
         Every check runs before anything changes, and `record` (which opens the
         ledger) is reached only by a replay that will happen: a refused replay
         leaves the folders and the database (even its absence) exactly as they were.
-        `record` runs after the file is linked into the inbox and before it leaves
-        error/: if recording fails the link is undone, so no replay goes unrecorded.
+        `record` runs BEFORE the file is linked into the inbox: a consumer may claim
+        it the instant it is there, and must then find its attempts reset (schema
+        3), not the old count that made it dead. If recording fails nothing has
+        moved; a producer racing us for inbox/NAME after the checks leaves only a
+        replay row behind (it resets a count: harmless), never a replaced file.
         """
         check_name(name)  # a bad name is a usage error whatever the folder holds
         self.check()
@@ -119,16 +133,12 @@ class DirQueue:
             raise UsageError(f"{src}: not a regular file; move it by hand")
         if os.path.lexists(dst):
             raise Conflict(f"{dst}: already in the inbox")
+        if record is not None:
+            record(name)
         try:
             os.link(src, dst)  # EEXIST refuses: never replaces a queued message
         except FileExistsError as exc:
             raise Conflict(f"{dst}: already in the inbox") from exc
-        try:
-            if record is not None:
-                record(name)
-        except BaseException:
-            os.unlink(dst)
-            raise
         os.unlink(src)
         fsync_dir(self.folder("inbox"))
         fsync_dir(self.folder("error"))

@@ -24,7 +24,7 @@ from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
 from onceq.errors import OnceqError, UsageError
 from onceq.ledger import Entry
-from onceq.runner import POLL_SECONDS, STOP_SIGNALS, Stop
+from onceq.runner import STOP_SIGNALS, Stop
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -107,8 +107,10 @@ async def consume_flow(
 ) -> Stats:
     """One consumer of a directory-queue flow: the loop `dirq consume` and `onceq run` share.
 
-    With `until_empty` it ends when the inbox is empty; otherwise it looks at the
-    inbox again every POLL_SECONDS until `stop`. `before_ledger` is awaited once the
+    With `until_empty` it ends when nothing is left for it: inbox/ empty, nothing of
+    its own unsettled, and nothing waiting in retry/ (it sleeps until the next retry
+    is due; a stop wakes it). Otherwise it keeps looking at the queue (every
+    POLL_SECONDS when idle) until `stop`. `before_ledger` is awaited once the
     queue folder is checked and before the ledger is opened (a run of several flows
     opens no ledger until every source is known good).
     """
@@ -119,38 +121,50 @@ async def consume_flow(
     if before_ledger is not None:
         await before_ledger()
     handler = flow.handler()
-    total = Stats(dead_word=DEAD_WORD)
     try:
         with (
             open_ledger(flow, db or queue.default_db, "dirq") as ledger,
-            Worker(queue, flow.message.max_bytes) as worker,
+            Worker(queue, flow.message.max_bytes, follow=not until_empty) as worker,
         ):
-            while True:
-                consumer = Consumer(
-                    worker,
-                    ledger,
-                    flow.message.decode,
-                    handler or no_effect,
-                    # Twice the group: one group is being committed while the next is
-                    # claimed.
-                    max_in_flight=2 * GROUP,
-                    max_group=GROUP,
-                    # A directory queue has no redelivery: what fails once is
-                    # quarantined (delayed retries are issue 8's).
-                    max_attempts=1,
-                    on_settled=on_settled,
-                )
-                consumer.stats.dead_word = DEAD_WORD
-                stop.add(consumer.stop)
-                try:
-                    stats = await consumer.run()
-                finally:
-                    stop.discard(consumer.stop)
-                total.merge(stats.as_dict())
-                if until_empty or stop.requested or await stop.sleep(POLL_SECONDS):
-                    return total
+            # One Consumer for the whole run, not one per poll: the breaker's state
+            # (and the loop's one-copy-in-flight guard) must outlive an idle moment.
+            consumer = Consumer(
+                worker,
+                ledger,
+                flow.message.decode,
+                handler or no_effect,
+                max_in_flight=_in_flight(flow, handler),
+                max_group=GROUP,
+                # The flow's policy: a transient failure waits in retry/ for its tier
+                # (the orders preset's is RetryPolicy.none(): quarantined at once).
+                retry=flow.retry_policy(),
+                breaker=flow.breaker_policy(),
+                on_settled=on_settled,
+            )
+            consumer.stats.dead_word = DEAD_WORD
+            stop.add(consumer.stop)
+            try:
+                return await consumer.run()
+            finally:
+                stop.discard(consumer.stop)
     finally:
         await close_effect(handler)
+
+
+def _in_flight(flow: Flow, handler: object) -> int:
+    """How many files one consumer holds claimed at once.
+
+    The ledger row alone (no call): twice the group, one group being committed while
+    the next is claimed. With a call: twice the effect's concurrency. The breaker is
+    asked before each call, so every copy already past it when it opens is called
+    anyway: with 512 claimed, an outage would try (and move into retry/) the whole
+    queue before the breaker could hold anything. And a file claimed ahead of the
+    partner's pace only moves the backlog from inbox/ (where `lag` sees it and
+    another --workers consumer can take it) into our claim folder.
+    """
+    if handler is None:
+        return 2 * GROUP
+    return 2 * max(int(getattr(flow.effect, "concurrency", 5) or 1), 1)
 
 
 def _worker_main(flow: Flow, db: str, out: mp.Queue) -> None:  # type: ignore[type-arg]

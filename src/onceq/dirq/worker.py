@@ -5,6 +5,8 @@
       … + ledger row committed       S3 effect durable, move pending
     QDIR/done/NAME                   S4 finished (processed or a duplicate)
     QDIR/error/NAME + failure row    S5 quarantined
+    QDIR/retry/NAME + failure row    S6 waits for a retry, due at its mtime
+                                        (onceq.dirq.retry_area); claimed like S1
 
 Each consumer claims into a folder of its own, processing/w-ID/, and holds an
 exclusive flock on processing/w-ID/.lock for as long as it lives. The lock, not the
@@ -14,8 +16,16 @@ over every processing/w-*/ whose lock it can get, and runs those files again; th
 ledger recognises the ones that were already committed.
 
 Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses).
-After the ledger commit, a group's files are all linked into done/ or error/, those
-folders are fsynced once, and only then are the claims unlinked.
+After the ledger commit, a group's files are all linked into done/, error/, retry/
+(a transient failure) or back into inbox/ (released untried: the breaker is open),
+those folders are fsynced once, and only then are the claims unlinked.
+
+Claiming takes the due files of retry/ first (oldest due first), then the inbox in
+name order. `deliveries()` ends only when there is nothing left for this consumer:
+nothing claimable, nothing of ours unsettled (a settle may put a file back), and
+nothing waiting in retry/ (it sleeps until the next is due); with `follow` it never
+ends by itself. While paused (the breaker is open) it claims nothing but one file
+per probe(), and waits.
 """
 
 from __future__ import annotations
@@ -23,18 +33,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import math
 import os
 import secrets
-import stat
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from onceq import faults
+from onceq.dirq import retry_area
 from onceq.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.dirq.message import DEFAULT_MAX_BYTES
 from onceq.dirq.queue import FOLDERS, DirQueue
+from onceq.dirq.read import read_claim
 from onceq.errors import QueueError
+from onceq.runner import POLL_SECONDS
 from onceq.transport import Delivery, Settle
 
 LOCK = ".lock"
@@ -45,15 +58,24 @@ UNBORN_GRACE_S = 60.0
 
 
 class Worker:
-    """One consumer's claim folder, lock and the Transport over it."""
+    """One consumer's claim folder, lock and the Transport over it.
 
-    # A directory queue never redelivers: what fails is quarantined at once (putting it
-    # back in inbox/ would be the poison loop), so one try is all a message gets here.
+    `follow`: keep waiting for new files when the queue is empty (a service) instead
+    of ending (a batch: `dirq consume`, `onceq run --until-empty`).
+    """
+
+    # Without a retry policy the loop gives a message this many tries: a directory
+    # queue's transient failure waits in retry/, so the policy (RetryPolicy) decides;
+    # this is only the fallback of a Consumer built without one (the orders preset's
+    # rule: the first failure is quarantined).
     max_attempts = 1
 
-    def __init__(self, queue: DirQueue, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, queue: DirQueue, max_bytes: int = DEFAULT_MAX_BYTES, *, follow: bool = False
+    ) -> None:
         self.queue = queue.check()
         self.max_bytes = max_bytes  # larger files are never read into memory
+        self.follow = follow
         self.processing = queue.folder("processing")
         self.id = f"w-{os.getpid()}-{secrets.token_hex(3)}"
         self.dir = self.processing / self.id
@@ -63,6 +85,10 @@ class Worker:
         self._fds: dict[str, int] = {}  # open folders: inbox, done, error, own
         self._stopped = False
         self._recovered: list[str] = []
+        self._paused = False
+        self._probes = 0  # files we may claim while paused (the breaker's probe)
+        self._next_due = math.inf  # the earliest future due time we know of in retry/
+        self._changed: asyncio.Event | None = None  # a settle, stop, resume or probe
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -99,7 +125,9 @@ class Worker:
         Found only at the first move, a read-only done/ would stop the run with a
         whole group claimed (safe, but the user's command was refused half-way).
         """
-        for path in (self.queue.root, *(self.queue.folder(f) for f in FOLDERS)):
+        retry = self.queue.folder(retry_area.RETRY)
+        extra = [retry] if retry.is_dir() else []  # created on demand: absent is fine
+        for path in (self.queue.root, *(self.queue.folder(f) for f in FOLDERS), *extra):
             if not os.access(path, os.W_OK | os.X_OK):
                 raise QueueError(f"{path}: not writable here; a consumer moves files in it")
 
@@ -150,7 +178,11 @@ class Worker:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return []  # its owner is alive
-            taken = [n for n in sorted(os.listdir(dead)) if n != LOCK and self._claim(dead / n, n)]
+            taken = [
+                n
+                for n in sorted(os.listdir(dead))
+                if n != LOCK and not self._finish_move(dead / n) and self._claim(dead / n, n)
+            ]
             with contextlib.suppress(OSError):
                 if fd is not None:
                     os.unlink(dead / LOCK)
@@ -159,6 +191,31 @@ class Worker:
         finally:
             if fd is not None:
                 os.close(fd)
+
+    def _finish_move(self, claim: Path) -> bool:
+        """Drop a dead claim already linked into retry/ or inbox/ (True), see retry_area.
+
+        Running it would put a second copy of the message in flight beside the one a
+        consumer claims from there. The other name is fsynced first: the dead
+        consumer may have died before its own fsync, and this name is the last one
+        we are sure of until then.
+        """
+        other = retry_area.moved_on(self.queue.root, claim, self.dir)
+        if other is None:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            retry_area.fsync_dir(other.parent)
+            os.unlink(claim)
+        return True
+
+    def _retry_fd(self, create: bool = False) -> int | None:
+        """retry/'s descriptor; None while the queue has no retry/ (made on demand)."""
+        fd = self._fds.get("retry")
+        if fd is None:
+            fd = retry_area.open_retry(self.queue.root, create)
+            if fd is not None:
+                self._fds["retry"] = fd
+        return fd
 
     def _sweep_nurseries(self) -> None:
         """Remove folders whose consumer was killed while creating them.
@@ -208,88 +265,114 @@ class Worker:
 
     def stop(self) -> None:
         self._stopped = True
+        self._wake()
+
+    def pause(self) -> None:
+        """Claim nothing more until resume() (the breaker opened); deliveries() waits."""
+        self._paused = True
+        self._probes = 0
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def probe(self) -> None:
+        """While paused, claim one more file (the breaker's probe)."""
+        self._probes = 1
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _may_claim(self) -> bool:
+        return not self._stopped and (not self._paused or self._probes > 0)
+
+    def _took(self) -> None:
+        if self._paused:
+            self._probes -= 1
+
+    async def _wait(self, seconds: float | None) -> None:
+        """Until a settle, stop, resume or probe, or `seconds` (None: no limit)."""
+        assert self._changed is not None
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
-        """Recovered files first, then the inbox in name order until it is empty."""
+        """Recovered files, then due retries and the inbox, until nothing is left (module)."""
+        self._changed = asyncio.Event()
         for name in self._recovered:
             # redelivered: this copy may have been handled (even committed) before.
             yield self._delivery(name, redelivered=True)
         self._recovered = []
         inbox = self._fds["inbox"]
         while not self._stopped:
+            if not self._may_claim():
+                await self._wait(None)  # paused: only resume, probe or stop goes on
+                continue
             claimed = False
+            retry = self._retry_fd()
+            if retry is not None:
+                due, self._next_due = retry_area.scan(retry, time.time())
+                for name in due:
+                    if not self._may_claim():
+                        break
+                    if self._claim(name, name, retry):
+                        claimed = True
+                        self._took()
+                        yield self._delivery(name)
             for name in sorted(n for n in os.listdir(inbox) if is_message_name(n)):
-                if self._stopped:
+                # A retry that fell due meanwhile goes before the rest of the inbox.
+                if not self._may_claim() or time.time() >= self._next_due:
                     break
                 if self._claim(name, name, inbox):
                     claimed = True
+                    self._took()
                     yield self._delivery(name)
-            if not claimed:
+            if claimed or self._stopped:
+                continue
+            if self._held:
+                await self._wait(None)  # its settle may put a file back (retry/, inbox/)
+            elif self.follow:
+                await self._wait(min(POLL_SECONDS, max(self._next_due - time.time(), 0)))
+            elif not math.isinf(self._next_due):
+                # Only future retries remain: sleep until the first is due.
+                await self._wait(max(self._next_due - time.time(), 0))
+            else:
                 return
 
     def _delivery(self, name: str, redelivered: bool = False) -> Delivery:
-        own = self._fds["own"]
-        st = os.lstat(name, dir_fd=own)  # one stat says what it is; nothing below follows a link
-        headers: dict[str, object] = {"kind": "file", "size": st.st_size}
-        body = b""
-        if stat.S_ISLNK(st.st_mode):
-            headers["kind"] = "symlink"
-        elif stat.S_ISDIR(st.st_mode):
-            headers["kind"] = "folder"
-        elif not stat.S_ISREG(st.st_mode):
-            headers["kind"] = "special"  # a FIFO or device: opening it could block forever
-        elif st.st_size <= self.max_bytes:
-            # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
-            # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=own)
-            except OSError as exc:
-                # Another user's file we may not read: it is quarantined (replayable
-                # once its mode is fixed) rather than stopping the queue behind it.
-                headers["kind"] = "unreadable"
-                headers["detail"] = exc.strerror or str(exc)
-                return Delivery(
-                    b"", name, redelivered=redelivered, stable_ref=True, token=name, headers=headers
-                )
-            try:
-                # Read what the lstat promised plus one byte, up to the limit + 1: a
-                # file that grew past the limit meanwhile is seen as too large, and
-                # no buffer of max_bytes is allocated for a small message. A short
-                # read of a regular file is its end: no extra read to see EOF.
-                want = min(st.st_size, self.max_bytes) + 1
-                chunks = []
-                while want > 0 and (chunk := os.read(fd, want)):
-                    chunks.append(chunk)
-                    if len(chunk) < want:
-                        break
-                    want -= len(chunk)
-            finally:
-                os.close(fd)
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            headers["size"] = len(body)
-        return Delivery(
-            body=body,
-            ref=name,
-            redelivered=redelivered,
-            stable_ref=True,
-            token=name,
-            headers=headers,
-        )
+        return read_claim(name, self._fds["own"], self.max_bytes, redelivered)
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
-        """Move each file to done/ or error/ (its record is durable), then fsync folders."""
+        """Move each file to done/, error/, retry/ or inbox/ (its record is durable)."""
         # The moves are system calls that release the GIL: in a thread they run on
         # the second core while the loop claims and reads the next group.
-        await asyncio.to_thread(self._move_group, group)
+        try:
+            due = await asyncio.to_thread(self._move_group, group)
+        finally:
+            self._wake()  # deliveries() may be waiting for these files to settle
+        self._next_due = min(self._next_due, due)
 
-    def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
+    def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> float:
+        """The moves of one group; returns the earliest due time it put in retry/."""
         own = self._fds["own"]
         touched: set[str] = set()
         to_unlink: list[str] = []
+        now = time.time()
+        earliest = math.inf
         for d, settle, _reason in group:
-            # The directory queue has no second delivery: anything not ACKed is
-            # quarantined, never put back in the inbox (that would be a poison loop).
-            dest = "done" if settle is Settle.ACK else "error"
+            dest = _DEST[settle]
+            if dest == "retry":
+                # The due time goes on the claimed file BEFORE it has a name in retry/:
+                # no instant shows the file in retry/ without it (it would be due at
+                # once, its old mtime being in the past). A crash before the link
+                # leaves the claim for recovery, which runs it again (early, not lost).
+                due = now + (d.delay if settle is Settle.DELAY else 0.0)
+                retry_area.set_due(d.token, own, due)
+                earliest = min(earliest, due)
+                self._retry_fd(create=True)
             try:
                 _, linked = link_no_clobber(
                     d.token, d.ref, src_dir_fd=own, dst_dir_fd=self._fds[dest]
@@ -305,7 +388,8 @@ class Worker:
             if linked:
                 to_unlink.append(d.token)
             touched.add(dest)
-            faults.hit("mid-settle")  # linked, not yet fsynced nor unlinked
+            # Linked, not yet fsynced nor unlinked: the file is in two places.
+            faults.hit("after-retry-link" if dest == "retry" else "mid-settle")
         # The new names are durable before any old one goes (one fsync per folder
         # per group, not per file): a power cut can leave a file in both places,
         # which recovery finishes like a crash between link and unlink, but never
@@ -315,7 +399,21 @@ class Worker:
         for name in to_unlink:
             os.unlink(name, dir_fd=own)
         # Our own folder is not fsynced: an unlink lost to a power cut leaves the
-        # same inode in done/ and here, and the next consumer only drops this name.
+        # same inode in done/ and here, and the next consumer only drops this name
+        # (or, for retry/ and inbox/, `_finish_move` does).
         # Forgotten only once gone from our folder: until then a claim of the same
         # name must not rename over it.
         self._held.difference_update(d.ref for d, _, _ in group)
+        return earliest
+
+
+# Where a settled file goes. The directory queue's own retry: a transient failure
+# waits in retry/ (never back in the inbox, where it would be claimed again at once:
+# the poison loop); what the breaker held untried goes back to the inbox as it was.
+_DEST = {
+    Settle.ACK: "done",
+    Settle.DEAD: "error",
+    Settle.DELAY: "retry",
+    Settle.REQUEUE: "retry",
+    Settle.RELEASE: "inbox",
+}
