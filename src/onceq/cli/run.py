@@ -129,9 +129,10 @@ def run(
     The file is checked first, whole: any mistake is one line each, exit 2, and
     nothing is consumed. Then every source is checked (queue folder, broker
     queue) before the ledger is opened. A directory queue is looked at every
-    0.5 s until the run stops; on it an effect's transient failure is
-    quarantined at once (one try; delayed retries are for later). A RabbitMQ
-    queue is retried once, then dead-lettered.
+    0.5 s until the run stops. A transient failure follows the flow's retry
+    policy (default: one immediate retry, then 5s, 30s, 2m and 10m, then dead:
+    retry/ on a directory queue, the retry queues on RabbitMQ), and a flow's
+    circuit breaker stops calling a partner that is down.
 
     Signals: without --until-empty this runs until stopped, so SIGTERM, SIGINT or
     --max-seconds stop every flow cleanly (what is held is recorded and settled)
