@@ -12,7 +12,7 @@ reliability argument, so it lives in one place:
    (`no_effect`, the directory queue) steps 2 and 3 are skipped: there is no call
    to save, and the primary key in the commit tells a second copy from the first,
    even inside one group.
-4. The handler's outcome becomes a settle decision (`transport.decide`).
+4. The handler's outcome becomes a settle decision (`RetryPolicy.decide`).
 5. The committer writes a group of outcomes in one durable transaction, and only
    then asks the transport to settle that group. A crash before the commit leaves
    every copy unsettled (it comes back and runs again, the primary key refusing a

@@ -1,7 +1,8 @@
 """The HTTP effect: one request per message, the partner's status becomes a `Kind`.
 
-The loop turns the Kind into ack / requeue / dead with `onceq.transport.decide`, so
-the settle table lives in one place. By default (`StatusMap()`):
+The loop turns the Kind into ack / requeue / delay / dead with the flow's retry
+policy (`onceq.retry.RetryPolicy.decide`), so the settle table lives in one place.
+By default (`StatusMap()`):
 
 | partner says                        | Kind                         | reason           |
 | 2xx                                 | SUCCESS                      |                  |

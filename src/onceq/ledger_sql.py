@@ -6,7 +6,8 @@ crash either both are on disk or neither is. No idempotent partner is needed.
 
 Per message, a SAVEPOINT: a function that raises is undone alone (its own rows, and
 the dedup row the group's bulk insert gave it) and the rest of the group commits.
-What it raised decides the verdict, through `decide` with the entry's attempt:
+What it raised decides the verdict, through the loop's `RetryPolicy.decide` with the
+entry's attempt:
 
 | raised                                   | Kind      | reason       |
 | Reject, sqlite3.IntegrityError           | REJECTED  | sql-rejected |
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from onceq.effect import Reject, Retry, SqlEffect
 from onceq.errors import LedgerError
 from onceq.ledger_values import is_data_error
-from onceq.transport import Kind, decide
+from onceq.retry import RetryPolicy
+from onceq.transport import Kind
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry, Ledger
@@ -148,11 +150,11 @@ def _run_one(
     kind, reason, detail = verdict(raised)
     e.attempt = ledger.failures_in(conn, e.delivery.msg_id) + 1
     e.kind, e.reason, e.detail, e.recovered = kind, reason, detail, False
-    if e.policy is not None:
-        after = raised.after if isinstance(raised, Retry) else None  # Retry(after=…)
-        e.settle, e.delivery.delay = e.policy.decide(kind, e.attempt, after)
-    else:
-        e.settle = decide(kind, e.delivery.redelivered, e.attempt, e.max_attempts)
+    # The loop's own policy; an Entry made without one (a direct Ledger user) gets the
+    # old rule, `max_attempts` tries without delays, from the same table.
+    policy = e.policy or RetryPolicy(immediate=max(e.max_attempts, 1) - 1, delays=())
+    after = raised.after if isinstance(raised, Retry) else None  # Retry(after=…)
+    e.settle, e.delivery.delay = policy.decide(kind, e.attempt, after)
 
 
 def verdict(exc: Exception) -> tuple[Kind, str, str]:

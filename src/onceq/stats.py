@@ -95,6 +95,6 @@ class Stats:
         for k in COUNTS:
             key = self.dead_word if k == "dead" else k
             # .get: a report of an older onceq (no partner_duplicates) still merges.
-            setattr(self, k, getattr(self, k) + d.get(key, 0))  # .get: an older report
+            setattr(self, k, getattr(self, k) + d.get(key, 0))
         self.reasons.update(d["reasons"])
         self.requeued_reasons.update(d["requeued_reasons"])
