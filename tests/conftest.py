@@ -1,4 +1,4 @@
-"""Shared fixtures: a temporary RabbitMQ vhost per test, free ports, the CLI.
+"""Shared fixtures: a temporary RabbitMQ vhost and PostgreSQL database per test, the CLI.
 
 Under CI=true no test may skip (ci_no_skip.py, whose hooks are imported here).
 """
@@ -19,6 +19,7 @@ from ci_no_skip import (  # noqa: F401
     pytest_make_collect_report,
     pytest_runtest_makereport,
 )
+from pg_support import temp_database
 from support import broker_answers
 
 
@@ -45,3 +46,25 @@ def amqp_url() -> Iterator[str]:
         yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
     finally:
         _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL of a fresh database of its own; dropped afterwards.
+
+    Without PostgreSQL the test fails under CI=true and is skipped elsewhere.
+    """
+    yield from temp_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_target(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    """Where a ledger lives, once for each kind: an SQLite path, a PostgreSQL URL.
+
+    The ledger contract (tests/contract/test_ledger_contract.py) and every test that
+    must hold on both ledgers take this, and open it with `onceq.ledger_target.open_ledger`.
+    """
+    if request.param == "sqlite":
+        yield str(tmp_path / "ledger.db")  # type: ignore[operator]
+    else:
+        yield from temp_database()

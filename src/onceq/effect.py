@@ -58,14 +58,19 @@ class SqlEffect:
     """Business rows written in the ledger's transaction, once per message.
 
     `function(tx, doc)` runs for each message that takes effect, inside the open
-    transaction (`tx.execute(sql, params)`); it must not commit or roll back.
-    `setup` (DDL) runs once when the ledger opens. `bulk(tx, entries)` is the
-    presets' one-statement-per-group form.
+    transaction (`tx.execute(sql, params)`); it must not commit or roll back. `tx` is
+    the ledger's own connection: an `sqlite3.Connection` (`?` or `:name` parameters)
+    on an SQLite ledger, a `psycopg.Connection` (`%s` or `%(name)s`) on PostgreSQL.
+    `setup` (DDL) runs once when the ledger opens; `setup_postgresql`, when given, runs
+    instead of it on a PostgreSQL ledger (the presets' `processed` table, whose
+    0.1.0 DDL is SQLite's). `bulk(tx, entries)` is the presets' one-statement-per-group
+    form.
     """
 
     function: Callable[[Any, dict[str, Any]], None] | None = None
     setup: str | None = None
     bulk: Callable[[Any, list[Any]], None] | None = None
+    setup_postgresql: str | None = None
 
 
 class PythonEffect:
