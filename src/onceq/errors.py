@@ -10,7 +10,10 @@
     ├── Unroutable                  6   the broker returned or nacked a published message
     ├── BrokerUnavailable           7   the broker cannot be reached or refused the login
     ├── LedgerError                 8   the ledger database cannot be opened or written,
-    │                                   or its folder does not exist (never created)
+    │   │                               or its folder does not exist (never created)
+    │   └── LedgerUnavailable       8   a PostgreSQL ledger's connection is lost (the
+    │                                   loop holds its messages and reconnects; a
+    │                                   command that cannot wait ends with 8)
     └── QueueError                  9   a queue folder cannot be created, written or
                                         claimed in (permissions, disk full)
 
@@ -32,6 +35,7 @@ __all__ = [
     "BrokerUnavailable",
     "Conflict",
     "LedgerError",
+    "LedgerUnavailable",
     "NotFound",
     "OnceqError",
     "QueueError",
@@ -73,6 +77,16 @@ class BrokerUnavailable(OnceqError):
 
 
 class LedgerError(OnceqError):
+    exit_code = 8
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger's server cannot be reached now (a lost PostgreSQL connection).
+
+    Not the message's fault and not a broken ledger: the consume loop holds the
+    message untried (nothing recorded, nothing settled) and the ledger reconnects.
+    """
+
     exit_code = 8
 
 
