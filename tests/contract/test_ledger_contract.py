@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from onceq.effect import Reject, Retry, SqlEffect
 from onceq.errors import LedgerError, NotFound, UsageError
 from onceq.ledger import Entry
 from onceq.ledger_target import is_pg_url, open_ledger
@@ -205,3 +206,140 @@ def test_query_is_read_only(ledger_target: str) -> None:
             ledger.query("DELETE FROM messages")
         cols, rows = ledger.query("SELECT count(*) AS n FROM messages")
         assert (cols, rows) == (["n"], [(1,)])
+
+
+# --- the SQL effect (inbox pattern) ------------------------------------------------------
+
+INVOICES = "CREATE TABLE IF NOT EXISTS invoices (id TEXT PRIMARY KEY, customer TEXT, total REAL)"
+
+
+def save(tx: Any, doc: dict[str, Any]) -> None:
+    """The invoice example's business write, with a way to fail per message; the
+    placeholders are each driver's own (sqlite3: ?, psycopg: %s)."""
+    mark = "?" if type(tx).__module__.startswith("sqlite3") else "%s"
+    tx.execute(
+        f"INSERT INTO invoices (id, customer, total) VALUES ({mark},{mark},{mark})",
+        (doc["invoiceId"], doc["customer"], doc["total"]),
+    )
+    how = doc.get("fail")
+    if how == "reject":
+        raise Reject("total is negative")
+    if how == "retry":
+        raise Retry("warehouse busy")
+    if how == "bug":
+        raise KeyError("oops")
+    if how == "commit":
+        tx.execute("COMMIT")
+    if how == "rollback":
+        tx.execute("ROLLBACK")
+    if how == "conn-commit":
+        tx.commit()
+
+
+def invoice(inv: str, ref: str | None = None, **doc: Any) -> Entry:
+    body = {"invoiceId": inv, "customer": "ACME", "total": 10.0, **doc}
+    d = Delivery(body=b"{}", ref=ref or f"{inv}.json", msg_id=inv, stable_ref=True)
+    fields = {"group": body["customer"], "seq": None, "kept": {"total": body["total"]}, "doc": body}
+    return Entry(d, Kind.SUCCESS, Settle.ACK, fields=fields, max_attempts=2)
+
+
+@pytest.fixture
+def inv_ledger(ledger_target: str) -> Any:
+    with open_ledger(ledger_target, flow="inv", sql=SqlEffect(save, setup=INVOICES)) as led:
+        yield led
+
+
+def invoices(ledger: Any) -> list[tuple[Any, ...]]:
+    return ledger.query("SELECT id, total FROM invoices ORDER BY id")[1]  # type: ignore[no-any-return]
+
+
+def test_business_rows_commit_with_the_dedup_row(inv_ledger: Any) -> None:
+    group = [invoice("INV-1"), invoice("INV-2", total=7.5)]
+    inv_ledger.commit(group)
+    assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS]
+    assert invoices(inv_ledger) == [("INV-1", 10.0), ("INV-2", 7.5)]
+    assert inv_ledger.counts()["processed"] == 2
+
+
+@pytest.mark.parametrize(
+    ("how", "kind", "settle", "reason", "detail"),
+    [
+        ("reject", Kind.REJECTED, Settle.DEAD, "sql-rejected", "total is negative"),
+        ("retry", Kind.TRANSIENT, Settle.REQUEUE, "retry", "warehouse busy"),
+        ("bug", Kind.TRANSIENT, Settle.REQUEUE, "sql-error", "KeyError: 'oops'"),
+    ],
+)
+def test_a_failing_message_is_undone_alone(
+    inv_ledger: Any, how: str, kind: Kind, settle: Settle, reason: str, detail: str
+) -> None:
+    group = [invoice("INV-1"), invoice("INV-2", fail=how), invoice("INV-3")]
+    inv_ledger.commit(group)
+    bad = group[1]
+    assert (bad.kind, bad.settle, bad.reason, bad.detail) == (kind, settle, reason, detail)
+    assert [group[0].kind, group[2].kind] == [Kind.SUCCESS, Kind.SUCCESS]
+    # its business row and its dedup row are gone; the others' are there
+    assert invoices(inv_ledger) == [("INV-1", 10.0), ("INV-3", 10.0)]
+    assert inv_ledger.processed_ref("INV-2") is None
+    assert inv_ledger.failed_attempts("INV-2") == 1
+    assert inv_ledger.last_failure("INV-2.json") == (reason, detail)
+
+
+def test_a_retried_message_is_dead_on_its_last_attempt(inv_ledger: Any) -> None:
+    inv_ledger.commit([invoice("INV-1", fail="retry")])
+    second = invoice("INV-1", fail="retry")
+    inv_ledger.commit([second])
+    assert (second.attempt, second.settle) == (2, Settle.DEAD)
+    ok = invoice("INV-1")
+    inv_ledger.commit([ok])
+    assert ok.kind is Kind.SUCCESS and invoices(inv_ledger) == [("INV-1", 10.0)]
+
+
+def test_an_integrity_error_is_a_rejection(inv_ledger: Any) -> None:
+    inv_ledger.commit([invoice("INV-1")])
+    clash = invoice("INV-1b", invoiceId="INV-1")  # another id, the same business key
+    inv_ledger.commit([clash])
+    assert (clash.kind, clash.settle, clash.reason) == (Kind.REJECTED, Settle.DEAD, "sql-rejected")
+    assert "unique" in clash.detail.lower()
+    assert inv_ledger.processed_ref("INV-1b") is None
+    assert invoices(inv_ledger) == [("INV-1", 10.0)]
+
+
+def test_a_duplicate_never_runs_the_function(ledger_target: str) -> None:
+    calls: list[str] = []
+
+    def counting(tx: Any, doc: dict[str, Any]) -> None:
+        calls.append(doc["invoiceId"])
+        save(tx, doc)
+
+    with open_ledger(ledger_target, flow="inv", sql=SqlEffect(counting, setup=INVOICES)) as led:
+        group = [invoice("INV-1", "a.json"), invoice("INV-1", "b.json")]
+        led.commit(group)
+        later = invoice("INV-1", "c.json")
+        led.commit([later])
+        assert [e.kind for e in (*group, later)] == [Kind.SUCCESS, Kind.DUPLICATE, Kind.DUPLICATE]
+        assert calls == ["INV-1"]
+        assert led.duplicate_ids() == ["INV-1"]
+
+
+def test_a_second_copy_shares_the_verdict_of_a_failed_first(inv_ledger: Any) -> None:
+    group = [invoice("INV-1", "a.json", fail="retry"), invoice("INV-1", "b.json", fail="retry")]
+    inv_ledger.commit(group)
+    assert [(e.kind, e.reason) for e in group] == [(Kind.TRANSIENT, "retry")] * 2
+    assert inv_ledger.duplicate_ids() == []
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback", "conn-commit"])
+def test_a_function_that_ends_the_transaction_fails_the_group(inv_ledger: Any, how: str) -> None:
+    group = [invoice("INV-1"), invoice("INV-2", fail=how)]
+    with pytest.raises(LedgerError, match="ended the ledger's transaction"):
+        inv_ledger.commit(group)
+    # nothing of the group is durable: not INV-1's rows either
+    assert invoices(inv_ledger) == []
+    assert inv_ledger.counts() == {"processed": 0, "duplicates": 0, "failures": 0, "replays": 0}
+    inv_ledger.commit([invoice("INV-1")])  # and the ledger still works
+    assert inv_ledger.processed_ref("INV-1") == "INV-1.json"
+
+
+def test_a_bad_setup_is_one_ledger_error(ledger_target: str) -> None:
+    with pytest.raises(LedgerError, match="setup failed"):
+        open_ledger(ledger_target, sql=SqlEffect(save, setup="CREATE TABLE ("))

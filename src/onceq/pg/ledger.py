@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -37,6 +37,8 @@ from onceq.pg.reconnect import Reconnector, is_connection_error
 from onceq.pg.rows import pg_build_row, record_successes
 from onceq.pg.sql import PgTx, translate
 from onceq.transport import Kind
+
+T = TypeVar("T")
 
 
 def row_fault(exc: BaseException) -> bool:
@@ -163,40 +165,53 @@ class PgLedger(LedgerOps):
         writes), whatever the text says; search_path onceq, so the exercises' queries
         name `processed` / `messages` bare.
         """
-        conn = self._reader()
-        try:
+
+        def run(conn: psycopg.Connection[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
             with conn.transaction(force_rollback=True):
                 conn.execute("SET TRANSACTION READ ONLY")
                 cur = psycopg.RawCursor(conn)
                 cur.execute(sql)
-                cols = [c.name for c in cur.description or ()]
-                return cols, [tuple(r) for r in cur.fetchall()] if cur.description else []
-        except psycopg.Error as exc:
-            if is_connection_error(exc, conn):
-                raise self._net.lost(exc) from None
-            raise LedgerError(f"{self.path}: query failed: {schema._why(exc)}") from None
+                if cur.description is None:
+                    return [], []
+                return [c.name for c in cur.description], [tuple(r) for r in cur.fetchall()]
+
+        return self._read_op(run, "query failed")
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
-        conn = self._reader()
-        try:
+        def run(conn: psycopg.Connection[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
             cur = psycopg.RawCursor(conn)
             cur.execute(translate(sql), args if args else None)
             return [c.name for c in cur.description or ()], cur.fetchall()
-        except psycopg.Error as exc:
-            if is_connection_error(exc, conn):
-                raise self._net.lost(exc) from None
-            raise LedgerError(f"{self.path}: read failed: {schema._why(exc)}") from None
+
+        return self._read_op(run)
 
     def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
-        conn = self._reader()
-        try:
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             cur = psycopg.RawCursor(conn)
             cur.execute(translate(sql), args if args else None)
             return cur.fetchone()
+
+        return self._read_op(run)
+
+    def _read_op(self, run: Callable[[psycopg.Connection[Any]], T], what: str = "read failed") -> T:
+        """`run(reader)`; a lost session gets ONE quick reconnect and a second try (a
+        blip that is over costs nothing), else LedgerUnavailable at once: reads run
+        on the event loop and must never wait for the database."""
+        conn = self._reader()
+        try:
+            return run(conn)
         except psycopg.Error as exc:
-            if is_connection_error(exc, conn):
-                raise self._net.lost(exc) from None
-            raise LedgerError(f"{self.path}: read failed: {schema._why(exc)}") from None
+            if not is_connection_error(exc, conn):
+                raise LedgerError(f"{self.path}: {what}: {schema._why(exc)}") from None
+            self._net.went_down(exc)
+            lost = exc
+        self._read = conn = self._net.reconnect_now(self.url, conn)
+        try:
+            return run(conn)
+        except psycopg.Error as exc:
+            if not is_connection_error(exc, conn):
+                raise LedgerError(f"{self.path}: {what}: {schema._why(exc)}") from None
+            raise self._net.lost(lost) from None
 
     # --- writes ---------------------------------------------------------------------
 

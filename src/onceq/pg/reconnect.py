@@ -56,12 +56,14 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None
         return True
     state = getattr(exc, "sqlstate", None) or ""
     # 08: connection exception (but 08P01, a protocol violation, is a bug of ours);
-    # 57P01-03: admin shutdown, crash shutdown, cannot connect now. No sqlstate: the
-    # client's own "server closed the connection".
+    # 57P01-03: admin shutdown, crash shutdown, cannot connect now. No sqlstate and no
+    # connection to ask: the client's own "server closed the connection". (With the
+    # connection at hand, a bare OperationalError on a healthy one, e.g. raised by an
+    # SQL effect's function, is not a loss: waiting for a reconnect would never end.)
     return isinstance(exc, psycopg.OperationalError) and (
         (state.startswith("08") and state != "08P01")
         or state in ("57P01", "57P02", "57P03")
-        or not state
+        or (not state and conn is None)
     )
 
 
@@ -82,7 +84,7 @@ class Reconnector:
 
     # --- the two log lines ---------------------------------------------------------
 
-    def _went_down(self, exc: BaseException) -> None:
+    def went_down(self, exc: BaseException) -> None:
         with self._lock:
             if self._down_since is not None:
                 return
@@ -97,7 +99,7 @@ class Reconnector:
 
     def lost(self, exc: BaseException) -> LedgerUnavailable:
         """A read's lost connection, as the error to raise."""
-        self._went_down(exc)
+        self.went_down(exc)
         return LedgerUnavailable(
             f"{self.where}: the ledger's database is unavailable: {schema._why(exc)}"
         )
@@ -118,7 +120,7 @@ class Reconnector:
         try:
             conn = schema.connect(url, self.where, connect_timeout=READ_CONNECT_TIMEOUT)
         except LedgerUnavailable as exc:
-            self._went_down(exc)
+            self.went_down(exc)
             raise
         self._came_back()
         return conn
@@ -178,7 +180,7 @@ class Reconnector:
                     in_doubt = self.xid  # the COMMIT may have been applied: ask, later
                 self.xid = None
                 if not isinstance(exc, _StillRunning):
-                    self._went_down(exc)
+                    self.went_down(exc)
             if self._interrupted.wait(delay):
                 raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
             delay = min(delay * 2, BACKOFF_MAX)
