@@ -598,3 +598,55 @@ def test_random_groups_give_the_same_outcomes_on_both_kinds(tmp_path: Any, pg_ur
             assert _play(pg, steps) == _play(lite, steps)
 
     check()
+
+
+def test_a_nul_in_an_id_never_breaks_the_reads_and_attempts_still_count(
+    ledger_target: str,
+) -> None:
+    """An AMQP message_id may hold a NUL: PostgreSQL cannot store it (the success is
+    refused there), but no read fails on it, and its failures count as attempts on
+    both kinds, so its retries end."""
+    with open_ledger(ledger_target) as ledger:
+        m = "id\x00x"
+        assert ledger.processed_ref(m) is None
+        ledger.commit([dead(m, "r1", Settle.REQUEUE)])
+        ledger.commit([dead(m, "r1", Settle.REQUEUE)])
+        assert ledger.failed_attempts(m) == 2
+        assert ledger.dead_info([m]) == {}
+        assert ledger.processed_refs([m, "other"]) == {}
+
+
+def test_processed_refs_reads_many_at_once(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger, open_ledger(ledger_target, flow="x") as other:
+        ledger.commit([success(f"m{i}", f"{i}.json") for i in range(700)])
+        other.commit([success("zz", "z.json")])
+        wanted = [f"m{i}" for i in range(0, 1400, 2)] + ["zz"]
+        got = ledger.processed_refs(wanted)
+        assert got == {f"m{i}": f"{i}.json" for i in range(0, 700, 2)}
+        assert ledger.processed_refs([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("group", "seq", "stored"),
+    [(12345, "7", ("12345", 7)), ("A", 7.0, ("A", 7)), (None, True, (None, 1))],
+)
+def test_a_number_group_and_an_integral_seq_are_stored_alike(
+    ledger_target: str, group: Any, seq: Any, stored: tuple[Any, Any]
+) -> None:
+    with open_ledger(ledger_target) as ledger:
+        e = success("m1", "a.json", group=group, seq=seq)
+        ledger.commit([e])
+        assert e.kind is Kind.SUCCESS
+        assert ledger.query("SELECT grp, seq FROM messages")[1] == [stored]
+
+
+def test_a_preset_amount_that_is_no_number_refuses_its_message_alone_on_postgresql(
+    pg_url: str,
+) -> None:
+    with open_ledger(pg_url, sql=PROCESSED_TABLE) as ledger:
+        good, bad = success("m1", "a.json", amount=1.5), success("m2", "b.json", amount="lots")
+        ledger.commit([good, bad])
+        assert good.kind is Kind.SUCCESS
+        assert (bad.kind, bad.reason) == (Kind.REJECTED, "ledger-refused")
+        assert "not a number" in bad.detail
+        assert ledger.query("SELECT msg_id, amount FROM processed")[1] == [("m1", 1.5)]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from onceq.ledger import build_row
+from onceq.ledger_values import INT64_MAX, INT64_MIN
 from onceq.transport import Kind, Settle
 
 if TYPE_CHECKING:
@@ -64,7 +65,36 @@ def pg_build_row(e: Entry, flow: str, source: str, now: str) -> str:
     for name, value in (("msg_id", e.delivery.msg_id), ("group", f.get("group"))):
         if value.__class__ is str and "\x00" in value:
             return f"{name}: text with a NUL character (PostgreSQL cannot store it)"
+    row = e.row
+    grp, seq = row[2], row[3]
+    if not (grp is None or grp.__class__ is str) or not (seq is None or seq.__class__ is int):
+        # SQLite's column affinities turn a number group into text and an integral seq
+        # ('7', 7.0) into an integer; the arrays here are typed, so the same is done by
+        # hand, and a seq that is no integer at all is refused (BIGINT cannot hold it).
+        if grp is not None and grp.__class__ is not str:
+            grp = str(grp)
+        if seq is not None and seq.__class__ is not int:
+            seq = _as_int(seq)
+            if seq is None:
+                return f"seq: {row[3]!r} is not an integer"
+        e.row = (*row[:2], grp, seq, *row[4:])
     return ""
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return int(value)  # SQLite stores True as 1
+    try:
+        number = float(value) if not isinstance(value, int) else value
+        if isinstance(value, str):
+            value = value.strip()
+            number = int(value) if value.lstrip("+-").isdigit() else float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if isinstance(number, float) and not number.is_integer():
+        return None
+    number = int(number)
+    return number if INT64_MIN <= number <= INT64_MAX else None
 
 
 def record_successes(tx: PgTx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
