@@ -650,3 +650,21 @@ def test_a_preset_amount_that_is_no_number_refuses_its_message_alone_on_postgres
         assert (bad.kind, bad.reason) == (Kind.REJECTED, "ledger-refused")
         assert "not a number" in bad.detail
         assert ledger.query("SELECT msg_id, amount FROM processed")[1] == [("m1", 1.5)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM messages",
+        "SELECT 1; DELETE FROM messages",
+        "COMMIT; DELETE FROM messages",
+        "WITH d AS (DELETE FROM messages RETURNING 1) SELECT count(*) FROM d",
+    ],
+)
+def test_query_can_change_nothing(ledger_target: str, sql: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([success("m1", "a.json")])
+        with pytest.raises(LedgerError):
+            ledger.query(sql)
+        assert ledger.query("SELECT count(*) AS n FROM messages") == (["n"], [(1,)])
+        assert ledger.counts()["processed"] == 1

@@ -189,7 +189,10 @@ class PgLedger(LedgerOps):
             with conn.transaction(force_rollback=True):
                 conn.execute("SET TRANSACTION READ ONLY")
                 cur = psycopg.RawCursor(conn)
-                cur.execute(sql)
+                # prepare=True: the extended protocol, which takes ONE statement.
+                # "COMMIT; DELETE …" as a simple query would end the read-only
+                # transaction and run the rest outside it (sqlite3 refuses it too).
+                cur.execute(sql, prepare=True)
                 if cur.description is None:
                     return [], []
                 return [c.name for c in cur.description], [tuple(r) for r in cur.fetchall()]
