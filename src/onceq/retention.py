@@ -71,7 +71,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -191,16 +191,40 @@ def _dialect(ledger: Any) -> Dialect:
 # --- the window -----------------------------------------------------------------------
 
 
-def check_window(older_than: float, longest_delay: float, *, force: bool = False) -> None:
-    """UsageError when `older_than` is shorter than `longest_delay` and not forced.
+def window_floor(
+    flows: Sequence[str], policies: Mapping[str, RetryPolicy] | None = None
+) -> tuple[float, str | None]:
+    """(the longest retry delay of `flows`, the flow it is of): a flow without a policy
+    in `policies` has the default's (10 min). No flow at all: the default's."""
+    policies = policies or {}
+    floor, which = DEFAULT_LONGEST, None
+    for flow in flows:
+        longest = policies[flow].longest if flow in policies else DEFAULT_LONGEST
+        if which is None or longest > floor:
+            floor, which = longest, flow
+    return floor, which
 
-    A window shorter than the longest retry delay could prune the attempts of a
-    message still waiting in its last tier (see the module's docstring).
+
+def check_window(
+    older_than: float,
+    flows: Sequence[str],
+    policies: Mapping[str, RetryPolicy] | None = None,
+    *,
+    force: bool = False,
+) -> None:
+    """UsageError when `older_than` is shorter than the longest retry delay of `flows`
+    (their `policies`, else the default's 10 min) and not forced.
+
+    A window shorter than that could prune the attempts of a message still waiting in
+    its last tier (see the module's docstring).
     """
-    if older_than < longest_delay and not force:
+    floor, flow = window_floor(flows, policies)
+    if older_than < floor and not force:
+        whose = f", flow {flow}" if flow is not None else ""
+        window = delay_label(older_than) if older_than else "0s"
         raise UsageError(
-            f"--older-than {delay_label(older_than)}: shorter than the longest retry delay"
-            f" ({delay_label(longest_delay)}); a message waiting in that tier would lose its"
+            f"--older-than {window}: shorter than the longest retry delay"
+            f" ({delay_label(floor)}{whose}); a message waiting in that tier would lose its"
             " attempts; nothing pruned (--force to prune anyway)"
         )
 
@@ -287,7 +311,7 @@ def prune(
     flows: Sequence[str] | None = None,
     dry_run: bool = False,
     batch: int = DEFAULT_BATCH,
-    longest_delay: float = DEFAULT_LONGEST,
+    policies: Mapping[str, RetryPolicy] | None = None,
     force: bool = False,
     now: datetime | None = None,
     progress: Progress | None = None,
@@ -296,18 +320,19 @@ def prune(
 
     `flows`: which flows (None: every flow in the ledger, whatever flow `ledger` was
     opened for). `dry_run` counts what would go and changes nothing. At most `batch`
-    rows per table go in one transaction. A window shorter than `longest_delay` (the
-    longest retry delay of the flows in question; the default policy's 10 min when
-    they are not known) is refused with UsageError unless `force`. What stays even
+    rows per table go in one transaction. A window shorter than the longest retry
+    delay of the flows in question (their `policies`: {flow: RetryPolicy}; the default
+    policy's 10 min for a flow not in it) is refused with UsageError, nothing changed,
+    unless `force`. What stays even
     when old, and why: the module's docstring. A stopped prune (a signal, a lost
     connection) leaves every batch it committed removed and nothing half-done.
     """
     from onceq.ledger import check_flow_name
 
-    check_window(older_than, longest_delay, force=force)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UsageError(f"batch: {batch!r}: must be a whole number, 1 or more")
     names = ledger_flows(ledger) if flows is None else [check_flow_name(f) for f in flows]
+    check_window(older_than, names, policies, force=force)
     cut = cutoff_of(older_than, now)
     hw = high_water(ledger)
     pause = _dialect(ledger).yield_factor

@@ -16,6 +16,7 @@ from onceq.errors import UsageError
 from onceq.ledger import Entry
 from onceq.ledger_target import open_ledger
 from onceq.retention import TABLE_NAMES, prune, stats
+from onceq.retry import RetryPolicy
 from onceq.transport import Delivery, Kind, Settle
 
 DAY = 86_400.0
@@ -219,11 +220,13 @@ def test_a_window_shorter_than_the_longest_retry_delay_is_refused_unless_forced(
         with pytest.raises(
             UsageError,
             match=r"--older-than 5m: shorter than the longest retry"
-            r" delay \(10m\).*nothing pruned",
+            r" delay \(10m, flow a\).*nothing pruned",
         ):
             prune(led, 300)  # the default policy's last tier is 10 min
-        with pytest.raises(UsageError, match=r"shorter than the longest retry delay \(1h\)"):
-            prune(led, 1800, longest_delay=3600)
+        with pytest.raises(
+            UsageError, match=r"shorter than the longest retry delay \(1h, flow a\)"
+        ):
+            prune(led, 1800, policies={"a": RetryPolicy(delays=(3600,))})
         assert led.processed_ref("m-1") == "m-1.json"
         assert prune(led, 900)["messages"] == {"a": 1}  # 15 min ≥ 10 min: allowed
         led.commit([ok("m-2")])
@@ -234,6 +237,21 @@ def test_a_window_shorter_than_the_longest_retry_delay_is_refused_unless_forced(
             "msg_id = ?",
             ("m-2",),
             (NOW - timedelta(minutes=2)).isoformat(timespec="microseconds"),
+        )
+        b_slow = {"a": RetryPolicy.none(), "b": RetryPolicy(delays=(7200,))}
+        with pytest.raises(UsageError, match=r"\(2h, flow b\)"):
+            prune(led, 60, policies=b_slow, flows=["a", "b"])
+        assert led.processed_ref("m-2") == "m-2.json"
+        # a flow that never retries has no floor; forced, any window goes
+        assert prune(led, 60, policies=b_slow, flows=["a"])["messages"] == {"a": 1}
+        led.commit([ok("m-3")])
+        backdate(
+            led,
+            "messages",
+            "processed_at",
+            "msg_id = ?",
+            ("m-3",),
+            (NOW - timedelta(seconds=90)).isoformat(timespec="microseconds"),
         )
         assert prune(led, 60, force=True)["messages"] == {"a": 1}
     with pytest.raises(UsageError, match="batch"):
