@@ -168,12 +168,14 @@ def _sqlite_size(ledger: Any) -> dict[str, int]:
 
 def _pg_size(ledger: Any) -> dict[str, int]:
     """pg_total_relation_size (rows, indexes, TOAST) of each ledger table in its schema."""
+    from onceq.pg.schema import SCHEMA_NAME
+
     _, rows = ledger._rows(
         "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class AS c"
         " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname IN"
+        " WHERE n.nspname = ? AND c.relkind = 'r' AND c.relname IN"
         f" ({','.join('?' * len(TABLE_NAMES))})",
-        TABLE_NAMES,
+        (SCHEMA_NAME, *TABLE_NAMES),
     )
     return {name: int(size) for name, size in rows}
 
