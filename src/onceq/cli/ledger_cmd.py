@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.output import console, emit_json
 
 ENV_DB = "EAI_MQ_DB"
@@ -24,11 +25,9 @@ REFRESH = 0.25  # seconds between redraws of the progress line
 
 def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option(
-            "--db",
-            metavar="TARGET",
-            help="The ledger: an SQLite file or a postgresql:// URL (default: the --flows"
-            " file's ledger, else EAI_MQ_DB). Never created: a missing one is exit 3.",
+        db_option(
+            "The ledger: an SQLite file or a postgresql:// URL (default: the --flows"
+            " file's ledger, else EAI_MQ_DB). Never created: a missing one is exit 3."
         ),
         click.option(
             "--flows",
@@ -44,7 +43,7 @@ def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _resolve(db: str | None, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
+def _resolve(db: Any, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
     """(the ledger's target, {flow: RetryPolicy} from the flow file); exit 2 when no
     ledger is named: a prune must never fall back on a default file."""
     from onceq.errors import UsageError
@@ -57,9 +56,12 @@ def _resolve(db: str | None, flow_file: Path | None) -> tuple[Any, dict[str, Any
         ff = load_flows(flow_file)
         policies = {f.name: f.retry_policy() for f in ff.flows}
         target = db or ff.ledger
-    target = target or os.environ.get(ENV_DB)
+    if not target and os.environ.get(ENV_DB):
+        from onceq.ledger_target import as_target
+
+        target = as_target(os.environ[ENV_DB], ENV_DB)
     if not target:
-        raise UsageError("no ledger named: give --db TARGET or --flows FILE (or set EAI_MQ_DB)")
+        raise UsageError("no ledger named: give --db PATH|URL or --flows FILE (or set EAI_MQ_DB)")
     return target, policies
 
 
@@ -117,7 +119,7 @@ def prune(
     dry_run: bool,
     force: bool,
     batch: int,
-    db: str | None,
+    db: Any,
     flow_file: Path | None,
     as_json: bool,
 ) -> None:
@@ -227,7 +229,7 @@ class _Progress:
 
 @ledger.command()
 @_target_options
-def stats(db: str | None, flow_file: Path | None, as_json: bool) -> None:
+def stats(db: Any, flow_file: Path | None, as_json: bool) -> None:
     """What the ledger holds: rows and the oldest row per table and flow, its size.
 
     The size is the SQLite file and its -wal, or on PostgreSQL the ledger tables'
