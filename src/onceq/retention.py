@@ -53,24 +53,24 @@ What must stay even when old:
   of a flow's SQL effect hold the effect itself, not the ledger's memory of it. Their
   retention is the application's.
 
-Beside a running consumer: each batch is its own short transaction (the rows of one
-key range of one table, found first by a read that takes no write lock), so a
-consumer's group commit waits at most one batch. On SQLite the writers take turns
-through the busy timeout, which polls: a pruner that begins its next batch at once
-could win every poll and starve the consumer (until its busy timeout fails it with
-"database is locked"). So after each batch prune pauses as long as the batch held
-the lock (`Dialect.yield_factor`): the consumer gets at least half of the write time.
+Beside a running consumer: each batch is its own short transaction (the old rows of
+one key range of one table, found first by a read that takes no write lock), so a
+consumer's group commit waits for one batch at most, never for the whole prune. On
+SQLite the writers take turns through the busy timeout; measured beside a writer
+committing groups back to back (200,000 old rows, batch 1000): its commits waited
+p99 8-18 ms, at worst 0.13-0.67 s, against a busy timeout of 120 s. A pause after
+each batch was tried and left out: the writer's back-to-back commits then win the
+busy handler's polls and prune ran 20 to 100 times slower, for a p99 barely lower.
 PostgreSQL locks rows, not the database: deleting old rows never blocks a commit of
-new ones, and no pause is needed. SQLite keeps the freed pages for new rows (the file
-does not shrink; VACUUM would, under one long lock, so prune never runs it);
-PostgreSQL's autovacuum reclaims them.
+new ones. SQLite keeps the freed pages for new rows (the file does not shrink; VACUUM
+would, under one long lock, so prune never runs it); PostgreSQL's autovacuum reclaims
+them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -147,10 +147,9 @@ TABLE_NAMES = tuple(t.name for t in TABLES)
 
 @dataclass(frozen=True)
 class Dialect:
-    """What differs between the kinds of ledger, for retention."""
+    """What differs between the kinds of ledger, for retention (the SQL does not:
+    times are ISO 8601 text on both, and both bind `?`)."""
 
-    # Pause after a batch, as a multiple of the time it held the write lock.
-    yield_factor: float
     # {part: bytes} of the ledger's storage.
     size: Callable[[Any], dict[str, int]]
 
@@ -181,8 +180,8 @@ def _pg_size(ledger: Any) -> dict[str, int]:
 
 
 DIALECTS = {
-    "sqlite": Dialect(yield_factor=1.0, size=_sqlite_size),
-    "postgresql": Dialect(yield_factor=0.0, size=_pg_size),
+    "sqlite": Dialect(size=_sqlite_size),
+    "postgresql": Dialect(size=_pg_size),
 }
 
 
@@ -337,7 +336,6 @@ def prune(
     check_window(older_than, names, policies, force=force)
     cut = cutoff_of(older_than, now)
     hw = high_water(ledger)
-    pause = _dialect(ledger).yield_factor
     out: dict[str, dict[str, int]] = {t.name: {} for t in TABLES}
     for t in TABLES:
         for flow in names:
@@ -347,7 +345,7 @@ def prune(
                 row = ledger._q1(sql, args)
                 out[t.name][flow] = int(row[0]) if row else 0
             else:
-                out[t.name][flow] = _prune_rows(ledger, t, values, batch, pause, progress)
+                out[t.name][flow] = _prune_rows(ledger, t, values, batch, progress)
     return out
 
 
@@ -356,7 +354,6 @@ def _prune_rows(
     t: Table,
     values: dict[str, Any],
     batch: int,
-    pause: float,
     progress: Progress | None,
 ) -> int:
     """Remove one table's old rows of one flow, `batch` at a time; how many went.
@@ -382,16 +379,12 @@ def _prune_rows(
         within, bounds = _range(t, lo, hi)
         sql, args = _sql(f"DELETE FROM {t.name} WHERE {_old(t)}{within}", {**values, **bounds})
         with ledger._transaction() as conn:
-            began = time.monotonic()
             removed += max(conn.execute(sql, args).rowcount, 0)
-        held = time.monotonic() - began
         if progress is not None:
             progress(t.name, values["flow"], removed)
         if hi is None:  # fewer than `batch` old rows were left after lo: all gone
             return removed
         lo = hi
-        if pause:
-            time.sleep(held * pause)
 
 
 # --- stats ----------------------------------------------------------------------------
