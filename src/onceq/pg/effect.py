@@ -62,10 +62,28 @@ def apply(ledger: PgLedger, tx: PgTx, won: list[Entry]) -> None:
         # The presets' form: one statement for the group. A refused row raises, the
         # transaction is aborted and PgLedger.commit writes the group entry by entry.
         sql.bulk(tx, won)
-    if sql.function is not None:
+    if sql.function is not None and any(e.kind is Kind.SUCCESS for e in won):
+        # Armed for the functions' run (see schema.py: commit_guard): a COMMIT sent by
+        # one of them now fails at the server, so no part of the group becomes durable.
+        tx.conn.execute(_ARM)
         for e in won:
             if e.kind is Kind.SUCCESS:
                 _run_one(ledger, tx, sql, e)
+        tx.conn.execute(_DISARM)
+
+
+# One round trip each (several statements, no parameters: psycopg sends them as one).
+_ARM = (
+    "SELECT set_config('onceq.commit_ok', 'no', true);"
+    " INSERT INTO onceq.commit_guard (armed) VALUES (1)"
+)
+_DISARM = "SELECT set_config('onceq.commit_ok', 'yes', true); DELETE FROM onceq.commit_guard"
+
+
+def _ended(exc: BaseException | None) -> bool:
+    """Did the function try to end the transaction through psycopg's own methods? (They
+    refuse inside a transaction block; the SQL COMMIT is the guard's.)"""
+    return isinstance(exc, psycopg.ProgrammingError) and "forbidden" in str(exc)
 
 
 def _run_one(ledger: PgLedger, tx: PgTx, sql: SqlEffect, e: Entry) -> None:
@@ -78,8 +96,13 @@ def _run_one(ledger: PgLedger, tx: PgTx, sql: SqlEffect, e: Entry) -> None:
                 sql.function(conn, e.fields.get("doc") or {})
             except Exception as exc:
                 raised = exc
+            if raised is not None and (database_fault(raised) or conn.broken):
+                raise raised  # the ledger's trouble (or its lost session): the group fails
             status = conn.info.transaction_status
-            if status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            if _ended(raised) or status not in (
+                TransactionStatus.INTRANS,
+                TransactionStatus.INERROR,
+            ):
                 raise LedgerError(
                     f"{ledger.path}: the SQL effect ended the ledger's transaction (it must"
                     " not COMMIT or ROLLBACK: onceq commits its rows with the message's"
@@ -91,8 +114,6 @@ def _run_one(ledger: PgLedger, tx: PgTx, sql: SqlEffect, e: Entry) -> None:
                     "a statement failed inside the effect (the error was caught)"
                 )
             if raised is not None:
-                if database_fault(raised):
-                    raise raised  # the ledger's trouble: the group fails as one
                 raise _Undo
     except _Undo:
         pass

@@ -56,12 +56,14 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None
         return True
     state = getattr(exc, "sqlstate", None) or ""
     # 08: connection exception (but 08P01, a protocol violation, is a bug of ours);
-    # 57P01-03: admin shutdown, crash shutdown, cannot connect now. No sqlstate: the
-    # client's own "server closed the connection".
+    # 57P01-03: admin shutdown, crash shutdown, cannot connect now. No sqlstate and no
+    # connection to ask: the client's own "server closed the connection". (With the
+    # connection at hand, a bare OperationalError on a healthy one, e.g. raised by an
+    # SQL effect's function, is not a loss: waiting for a reconnect would never end.)
     return isinstance(exc, psycopg.OperationalError) and (
         (state.startswith("08") and state != "08P01")
         or state in ("57P01", "57P02", "57P03")
-        or not state
+        or (not state and conn is None)
     )
 
 
@@ -79,10 +81,11 @@ class Reconnector:
         self._down_since: float | None = None
         self._last_try = 0.0
         self.xid: str | None = None  # the current group transaction's id, once known
+        self.pid: int | None = None  # and its session's server process
 
     # --- the two log lines ---------------------------------------------------------
 
-    def _went_down(self, exc: BaseException) -> None:
+    def went_down(self, exc: BaseException) -> None:
         with self._lock:
             if self._down_since is not None:
                 return
@@ -97,7 +100,7 @@ class Reconnector:
 
     def lost(self, exc: BaseException) -> LedgerUnavailable:
         """A read's lost connection, as the error to raise."""
-        self._went_down(exc)
+        self.went_down(exc)
         return LedgerUnavailable(
             f"{self.where}: the ledger's database is unavailable: {schema._why(exc)}"
         )
@@ -118,7 +121,7 @@ class Reconnector:
         try:
             conn = schema.connect(url, self.where, connect_timeout=READ_CONNECT_TIMEOUT)
         except LedgerUnavailable as exc:
-            self._went_down(exc)
+            self.went_down(exc)
             raise
         self._came_back()
         return conn
@@ -127,12 +130,30 @@ class Reconnector:
 
     @contextlib.contextmanager
     def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """A group's transaction, its id noted first (for a lost COMMIT's verdict)."""
+        """A group's transaction, its id noted first (for a lost COMMIT's verdict).
+
+        BEGIN and the id in one round trip (two statements, no parameters: one simple
+        query), not psycopg's transaction() and a SELECT: a group is BEGIN, its
+        statements and COMMIT, and each round trip is time the group holds its rows'
+        locks. Nested conn.transaction() blocks inside are savepoints, as psycopg sees
+        the transaction open.
+        """
         self.xid = None
-        with conn.transaction():
-            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
-            self.xid = row[0] if row else None
+        self.pid = conn.info.backend_pid
+        cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
+        cur.nextset()
+        row = cur.fetchone()
+        self.xid = row[0] if row else None
+        try:
             yield
+        except BaseException:
+            if not (conn.closed or conn.broken) and (
+                conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def run_commit(
         self, ledger: PgLedger, attempt: Callable[[psycopg.Connection[Any]], None]
@@ -141,6 +162,7 @@ class Reconnector:
         delay = BACKOFF_FIRST
         rollbacks = 0
         in_doubt: str | None = None
+        old_pid: int | None = None
         while True:
             if self._interrupted.is_set() and self._down_since is not None:
                 raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
@@ -156,7 +178,21 @@ class Reconnector:
                         self._came_back()
                         return  # the lost COMMIT went through: the entries hold its verdicts
                     if status == "in progress":
+                        # Our old session, still alive on the server (a cut network it
+                        # has not noticed): ended, so its verdict becomes final instead
+                        # of its locks holding this group for the server's TCP timeout.
+                        if old_pid is not None:
+                            conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+                            old_pid = None
                         raise _StillRunning
+                    if status is None:
+                        # Too old for the server to remember: nothing here can tell.
+                        # Stop with the group unsettled: its copies come back and the
+                        # ledger's rows recognise what was done (recovered, duplicate).
+                        raise LedgerError(
+                            f"{self.where}: cannot tell whether a commit lost with the"
+                            " connection went through; stopping with its messages unsettled"
+                        )
                     in_doubt = None
                 attempt(conn)
                 self._came_back()
@@ -176,9 +212,10 @@ class Reconnector:
                     raise LedgerError(f"{self.where}: write failed: {schema._why(exc)}") from None
                 if isinstance(exc, psycopg.Error) and self.xid is not None:
                     in_doubt = self.xid  # the COMMIT may have been applied: ask, later
+                    old_pid = self.pid
                 self.xid = None
                 if not isinstance(exc, _StillRunning):
-                    self._went_down(exc)
+                    self.went_down(exc)
             if self._interrupted.wait(delay):
                 raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
             delay = min(delay * 2, BACKOFF_MAX)

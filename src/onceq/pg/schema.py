@@ -94,9 +94,27 @@ CREATE TABLE IF NOT EXISTS onceq.dead_ops (
     count       BIGINT NOT NULL DEFAULT 0,
     ids         TEXT NOT NULL DEFAULT '[]'
 );
+-- The guard against an SQL effect's function ending the ledger's transaction (a stray
+-- COMMIT would make half a group durable before its copies are settled). A group that
+-- runs such functions inserts a row here first; the deferred trigger checks at COMMIT
+-- time that onceq itself said so (onceq.commit_ok = 'yes', set just before its own
+-- COMMIT): a COMMIT from inside the function fails, and the whole group with it.
+-- The row is deleted again before the COMMIT: the table never holds a committed row.
+CREATE TABLE IF NOT EXISTS onceq.commit_guard (armed INTEGER);
+CREATE OR REPLACE FUNCTION onceq.commit_guard_check() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('onceq.commit_ok', true) IS DISTINCT FROM 'yes' THEN
+        RAISE EXCEPTION 'the SQL effect ended the ledger''s transaction';
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS commit_guard ON onceq.commit_guard;
+CREATE CONSTRAINT TRIGGER commit_guard AFTER INSERT ON onceq.commit_guard
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION onceq.commit_guard_check();
 """
 
-TABLES = ("meta", "messages", "duplicates", "failures", "replays", "dead_ops")
+TABLES = ("meta", "messages", "duplicates", "failures", "replays", "dead_ops", "commit_guard")
 
 # Seconds to wait for a connection: a server that does not answer must not hold a
 # command (or, on a reconnect, the loop) for the OS's minutes-long TCP timeout.
