@@ -74,8 +74,15 @@ class QueueFacts:
     broker_version: str = ""
 
 
-def parse_inequivalent(text: str) -> tuple[str, tuple[bool, Any]] | None:
-    """(argument, (present, current value)) from a 406's text, or None if not ours."""
+def parse_inequivalent(
+    text: str, sent: dict[str, Any] | None = None
+) -> tuple[str, tuple[bool, Any]] | None:
+    """(argument, (present, current value)) from a 406's text, or None if not ours.
+
+    Two wordings: with a type ("the value 'quorum' of type 'longstr'") when one side
+    is absent or the types differ, bare ("received 'a' but current is 'b'") when both
+    have the same type: then the current value has the type of the one we `sent`.
+    """
     m = INEQUIVALENT.search(text)
     if m is None:
         return None
@@ -84,6 +91,9 @@ def parse_inequivalent(text: str) -> tuple[str, tuple[bool, Any]] | None:
         return key, (False, None)
     if key == "durable" and cur.strip("'") in ("true", "false"):
         return key, (True, cur.strip("'") == "true")
+    bare = re.fullmatch(r"'(?P<value>.*)'", cur, re.S)
+    if bare and not cur.startswith("'the value"):
+        return key, (True, _like((sent or {}).get(key), bare["value"]))
     v = VALUE.match(cur)
     if v is None:
         return None
@@ -97,6 +107,17 @@ def parse_inequivalent(text: str) -> tuple[str, tuple[bool, Any]] | None:
     if kind in ("float", "double"):
         return key, (True, float(value))
     return None  # a table, an array, a timestamp: not one onceq reads
+
+
+def _like(sent: Any, value: str) -> Any:
+    """`value` (the broker's text) as the type of what we sent for the same argument."""
+    if isinstance(sent, bool):
+        return value == "true"
+    if isinstance(sent, int):
+        return int(value)
+    if isinstance(sent, float):
+        return float(value)
+    return value
 
 
 async def read_arguments(url: str, queue: str, guess: dict[str, Any]) -> QueueFacts | None:
@@ -119,7 +140,7 @@ async def read_arguments(url: str, queue: str, guess: dict[str, Any]) -> QueueFa
                 return None
             except ae.ChannelPreconditionFailed as exc:
                 text = str(exc)
-                learned = parse_inequivalent(text)
+                learned = parse_inequivalent(text, facts.arguments)
                 if learned is None:
                     raise Conflict(f"queue {queue}: {_reason(text)}") from None
                 key, (present, value) = learned
