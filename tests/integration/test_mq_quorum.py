@@ -267,3 +267,45 @@ def test_without_rabbitmqctl_the_check_says_nothing_but_one_debug_line(
     assert asyncio.run(preflight.check_consumer_timeout(amqp_url, "claim.in", 7200.0, None)) == ""
     [record] = caplog.records
     assert record.levelno == logging.DEBUG and "guest:guest" not in record.getMessage()
+
+
+FLOWS = """\
+ledger = "ledger.db"
+
+[flows.payments]
+source = "rabbitmq"
+queue = "pay"
+dead_letter_queue = "pay.graveyard"
+queue_type = "quorum"
+retry = { delays = ["2s"] }
+
+[flows.invoices]
+source = "rabbitmq"
+queue = "invoice.in"
+retry = "exercise"
+"""
+
+
+def test_a_flow_files_queue_type_is_declared_per_flow(amqp_url: str, tmp_path: Path) -> None:
+    flows = tmp_path / "flows.toml"
+    flows.write_text(FLOWS)
+    r = cli(amqp_url, "mq", "topology", "--flows", str(flows))
+    assert r.returncode == 0, r.stderr
+    held = _held(amqp_url)
+    assert {q: t for q, (t, _a) in held.items()} == {
+        "pay": "quorum",
+        "pay.graveyard": "quorum",
+        "pay.retry.2s": "quorum",
+        "invoice.in": "classic",
+        "invoice.dead": "classic",
+    }
+    assert held["pay"][1]["x-dead-letter-routing-key"] == "pay.graveyard"
+    # --queue-type is the flow file's to say.
+    both = cli(amqp_url, "mq", "topology", "--flows", str(flows), "--queue-type", "quorum")
+    assert both.returncode == 2 and "queue_type comes from the flow file" in both.stderr
+    # A mistaken type is named by its key by `onceq check`, before any broker.
+    flows.write_text(FLOWS.replace('queue_type = "quorum"', 'queue_type = "replicated"'))
+    bad = cli(amqp_url, "check", str(flows))
+    assert bad.returncode == 2, bad.stderr
+    [line] = bad.stderr.splitlines()
+    assert line.endswith("flows.payments.queue_type: 'replicated': must be 'classic' or 'quorum'")

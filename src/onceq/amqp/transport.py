@@ -193,6 +193,8 @@ class AmqpTransport(ConsumerControl):
         how = "" if self.queue_name == QUEUE else f" --queue {self.queue_name}"
         if self._tier_delays and self._tier_delays != DEFAULT_DELAYS:
             how += " --retry-delays " + ",".join(delay_label(d) for d in self._tier_delays)
+        if self.topology.queue_type != "classic":
+            how += f" --queue-type {self.topology.queue_type}"
         return f"onceq mq topology{how}"
 
     async def start(self) -> None:
