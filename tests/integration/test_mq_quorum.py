@@ -309,3 +309,28 @@ def test_a_flow_files_queue_type_is_declared_per_flow(amqp_url: str, tmp_path: P
     assert bad.returncode == 2, bad.stderr
     [line] = bad.stderr.splitlines()
     assert line.endswith("flows.payments.queue_type: 'replicated': must be 'classic' or 'quorum'")
+
+
+def test_a_user_who_may_not_declare_gets_one_warning_and_the_run_goes_on(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """Reading the arguments needs `configure` on the queue (it declares): without it,
+    403, and the check is skipped with one warning instead of refusing a working run."""
+    import uuid
+
+    r = cli(amqp_url, "mq", "topology", "--retry", "exercise")
+    assert r.returncode == 0, r.stderr
+    user = f"onceq-h4-{uuid.uuid4().hex[:8]}"
+    ctl("add_user", user, "pw")
+    try:
+        ctl("set_permissions", "-p", vhost(amqp_url), user, "^$", ".*", ".*")
+        limited = amqp_url.replace("guest:guest@", f"{user}:pw@")
+        with partner() as stub:
+            out = cli(limited, "mq", "consume", "--claim", stub.url, "--db",
+                      str(tmp_path / "l.db"), "--retry", "exercise", "--until-empty")  # fmt: skip
+    finally:
+        ctl("delete_user", user)
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stderr.splitlines() if "WARNING" in x]
+    assert "queue claim.in: its dead-letter arguments were not checked" in line
+    assert "pw@" not in out.stderr
