@@ -173,7 +173,9 @@ def test_dead_letters_on_quorum_are_browsed_in_order_replayed_and_purged(
     wait_for(lambda: _ready(amqp_url, "claim.dead") == 39, 30)
     pur = run_dead(amqp_url, "purge", "--all", "--yes", "--db", str(db), "--json")
     assert pur.returncode == 0 and json.loads(pur.stdout)["done"] == 39, pur.stderr
-    assert _ready(amqp_url, "claim.dead") == 0
+    # Once right after a purge that reported all 39 done, 6 were still counted (1 run in
+    # ~10; not reproduced since): wait for the count, and a letter that stays fails.
+    wait_for(lambda: _ready(amqp_url, "claim.dead") == 0, 15)
 
 
 @pytest.mark.parametrize(
