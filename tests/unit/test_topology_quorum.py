@@ -151,6 +151,9 @@ def test_the_fix_command_declares_the_flows_own_topology() -> None:
         "onceq mq topology --queue inv.in --dead-letter-queue graveyard --retry-delays 1s"
         " --queue-type quorum"
     )
+    default = (5.0, 30.0, 120.0, 600.0)
+    own_dlx = Topology.from_options(dead_letter_exchange="dlx2", retry_delays=default)
+    assert fix_command(own_dlx) == "onceq mq topology --dead-letter-exchange dlx2"
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceq.amqp.topology import QUEUE, Topology
+from onceq.amqp.topology import QUEUE, Topology, option_label
 from onceq.amqp.topology_types import DELIVERY_LIMIT, QUORUM
 from onceq.amqp.url import boundary, close_quietly, connect, shown
 from onceq.errors import Conflict
@@ -165,14 +165,12 @@ def _reason(text: str) -> str:
 
 def fix_command(t: Topology) -> str:
     """The `onceq mq topology` command that declares `t` as onceq expects it."""
-    how = ""
-    if t.queue != QUEUE:
-        derived = Topology.for_queue(t.queue)
-        how += f" --queue {t.queue}"
-        if t.dead_letter_exchange != derived.dead_letter_exchange:
-            how += f" --dead-letter-exchange {t.dead_letter_exchange}"
-        if t.dead_letter_queue != derived.dead_letter_queue:
-            how += f" --dead-letter-queue {t.dead_letter_queue}"
+    how = "" if t.queue == QUEUE else f" --queue {t.queue}"
+    # Each name the flow sets apart from the one its queue derives (or the claims one).
+    derived = Topology.claims() if t.queue == QUEUE else Topology.for_queue(t.queue)
+    for name in ("exchange", "routing_key", "dead_letter_exchange", "dead_letter_queue"):
+        if getattr(t, name) != getattr(derived, name):
+            how += f" {option_label(name)} {getattr(t, name)}"
     if t.retry_delays and t.retry_delays != DEFAULT_DELAYS:
         how += " --retry-delays " + ",".join(delay_label(d) for d in t.retry_delays)
     elif not t.retry_delays:
