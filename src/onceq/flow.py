@@ -61,6 +61,9 @@ class RabbitSource:
     dead_letter_queue: str | None = None
     url: str | None = None
     prefetch: int = DEFAULT_PREFETCH
+    # "classic" | "quorum": the type `mq topology --flows` declares its queues with (None:
+    # classic); the consumer checks the work queue's dead-letter arguments of that type.
+    queue_type: str | None = None
 
 
 def _default_spec() -> MessageSpec:

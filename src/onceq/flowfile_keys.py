@@ -24,6 +24,7 @@ RABBIT_ONLY = {
     "dead_letter_queue",
     "prefetch",
     "id_property",
+    "queue_type",
 }
 # Every key of a [flows.NAME] table: its source's, the message spec's, its effects'.
 FLOW_KEYS = (

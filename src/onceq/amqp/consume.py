@@ -159,6 +159,10 @@ async def consume_flow(
         queue=src.queue,
         until_empty=opts.until_empty,
         tiers=tuple(zip(topology.retry_delays, topology.retry_queues, strict=True)),
+        # The start-up checks (onceq.amqp.preflight): the flow's dead-letter names, and
+        # how long a call may hold a delivery (None for a Python effect: no bound known).
+        topology=topology,
+        call_timeout=getattr(flow.effect, "timeout", None),
     )
     loop = asyncio.get_running_loop()
     ledger: Any = None  # Ledger | PgLedger (onceq.ledger_target.open_ledger)

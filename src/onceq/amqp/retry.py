@@ -34,7 +34,9 @@ x-onceq-copy, …) except:
   3.13.3+ interpret it and would count our hops as earlier deaths. Dropping them
   gives every version the same copy; the ledger, not x-death, counts attempts.
   The copy's x-death then tells the one hop the broker made (the tier expiring
-  into the work queue), and a dead letter's the rest.
+  into the work queue), and a dead letter's the rest. Likewise a quorum queue's
+  x-delivery-count / x-acquired-count (4.3): the copy is a new message with no
+  returns of its own, whatever version reads the header.
 - message_id: when the original had none (its id came from the body), the copy
   carries the decoded msg_id, because the AMQP client would otherwise give it a
   random one, which the decoder would then take as a different message's id.
@@ -56,14 +58,16 @@ log = logging.getLogger(__name__)
 CONFIRM_TIMEOUT = 5.0
 # Headers the broker owns (its dead-lettering history): never copied, see above.
 BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
+# A quorum queue's return counters (x-acquired-count: RabbitMQ 4.3+): never copied.
+COUNTER_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 
 def copy_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
-    """The original's headers without the broker's dead-lettering ones."""
+    """The original's headers without the broker's dead-lettering and counting ones."""
     return {
         k: v
         for k, v in (headers or {}).items()
-        if not (k == "x-death" or k.startswith(BROKER_HEADERS[1:]))
+        if not (k == "x-death" or k in COUNTER_HEADERS or k.startswith(BROKER_HEADERS[1:]))
     }
 
 

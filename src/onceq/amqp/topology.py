@@ -13,11 +13,8 @@ so no other queue bound to EXCHANGE gets a copy).
 claim.dead); `Topology.for_queue("invoice.in")` derives the rest of a user's names
 from the queue (invoice, invoice, invoice.dlx, invoice.dead), each overridable.
 
-A refused declaration changes nothing: every object that already exists is
-re-declared with our attributes FIRST (a 406 there means the broker holds it
-with other attributes, and we stop before creating anything), and only then
-are the missing objects created. Redeclaring an equal object is a no-op, so a
-second run changes nothing either.
+`queue_type` (classic | quorum) chooses the queues' arguments (onceq.amqp.topology_types);
+the names follow onceq.amqp.topology_names; declaring them is onceq.amqp.topology_declare.
 """
 
 from __future__ import annotations
@@ -27,56 +24,54 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceq.amqp.url import boundary, close_quietly, connect
+from onceq.amqp.topology_names import (
+    DEAD_KEY,
+    DEAD_QUEUE,
+    DLX,
+    EXCHANGE,
+    IN_SUFFIX,
+    MAX_NAME,
+    QUEUE,
+    RETRY_INFIX,
+    ROUTING_KEY,
+    name_problem,
+    option_label,
+    stem_of,
+)
+from onceq.amqp.topology_types import (
+    CLASSIC,
+    dead_arguments,
+    tier_arguments,
+    type_problem,
+    work_arguments,
+)
 from onceq.errors import UsageError
-from onceq.ledger_values import is_utf8
 from onceq.retry import delay_label
 
-# The claims preset's names (the exercise's): kept as constants for what names them.
-EXCHANGE = "eai.claim"
-DLX = "eai.dlx"
-QUEUE = "claim.in"
-DEAD_QUEUE = "claim.dead"
-ROUTING_KEY = "claim"
-DEAD_KEY = "claim.dead"
-
-# AMQP 0-9-1 carries every name as a shortstr: one length byte, so 255 bytes of UTF-8.
-MAX_NAME = 255
-# The suffix a user's input queue usually carries; its stem names the rest.
-IN_SUFFIX = ".in"
-# A retry tier's name: STEM.retry.LABEL (claim.retry.5s, invoice.retry.2m).
-RETRY_INFIX = ".retry."
-
-
-def stem_of(queue: str) -> str:
-    """The queue without a trailing ".in" ("invoice.in" → "invoice"), else the queue."""
-    return queue[: -len(IN_SUFFIX)] if queue.endswith(IN_SUFFIX) and queue != IN_SUFFIX else queue
-
-
-def name_problem(value: str, *, declared: bool = True, empty_ok: bool = False) -> str:
-    """Why `value` cannot be an exchange, queue or routing-key name, or ''.
-
-    Checked before connecting: on the wire a lone surrogate or a name over 255
-    bytes is a traceback half-way through a command, and the broker answers an
-    `amq.` name we would declare with 403 ACCESS_REFUSED, closing the channel.
-    """
-    if not value:
-        return "" if empty_ok else "must not be empty"
-    if not is_utf8(value):
-        return "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
-    size = len(value.encode("utf-8"))
-    if size > MAX_NAME:
-        return f"is {size} bytes; an AMQP name holds at most {MAX_NAME}"
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        return "holds a control character"
-    if declared and value.startswith("amq."):
-        return "names starting with 'amq.' are reserved by the broker"
-    return ""
-
-
-def option_label(field_name: str) -> str:
-    """The CLI's name of a Topology field: dead_letter_queue → --dead-letter-queue."""
-    return "--" + field_name.replace("_", "-")
+# Re-exported: every caller keeps importing the names from here.
+__all__ = [
+    "BINDINGS",
+    "DEAD_KEY",
+    "DEAD_QUEUE",
+    "DLX",
+    "EXCHANGE",
+    "EXCHANGES",
+    "IN_SUFFIX",
+    "MAX_NAME",
+    "QUEUE",
+    "QUEUES",
+    "RETRY_INFIX",
+    "ROUTING_KEY",
+    "Binding",
+    "Exchange",
+    "Queue",
+    "Topology",
+    "declare",
+    "name_problem",
+    "option_label",
+    "plan",
+    "stem_of",
+]
 
 
 @dataclass(frozen=True)
@@ -95,11 +90,12 @@ class Topology:
     dead_letter_exchange: str
     dead_letter_queue: str
     retry_delays: tuple[float, ...] = ()
+    queue_type: str = CLASSIC  # "classic" | "quorum": onceq.amqp.topology_types
 
     @classmethod
-    def claims(cls, retry_delays: tuple[float, ...] = ()) -> Topology:
+    def claims(cls, retry_delays: tuple[float, ...] = (), queue_type: str = CLASSIC) -> Topology:
         """The exercise's names, exactly as before issue 7 (plus the tiers given)."""
-        return cls(QUEUE, EXCHANGE, ROUTING_KEY, DLX, DEAD_QUEUE, tuple(retry_delays))
+        return cls(QUEUE, EXCHANGE, ROUTING_KEY, DLX, DEAD_QUEUE, tuple(retry_delays), queue_type)
 
     @classmethod
     def for_queue(
@@ -110,6 +106,7 @@ class Topology:
         dead_letter_exchange: str | None = None,
         dead_letter_queue: str | None = None,
         retry_delays: tuple[float, ...] = (),
+        queue_type: str = CLASSIC,
     ) -> Topology:
         """A user's queue; each name not given is derived from the queue's stem.
 
@@ -128,6 +125,7 @@ class Topology:
             else dead_letter_exchange,
             dead_letter_queue=f"{stem}.dead" if dead_letter_queue is None else dead_letter_queue,
             retry_delays=tuple(retry_delays),
+            queue_type=queue_type,
         )
 
     @classmethod
@@ -143,6 +141,8 @@ class Topology:
             source.dead_letter_exchange,
             source.dead_letter_queue,
             retry_delays,
+            # None (a flow file without the key) and a source without the field: classic.
+            getattr(source, "queue_type", None) or CLASSIC,
         )
 
     @classmethod
@@ -159,12 +159,19 @@ class Topology:
         dead_letter_exchange: str | None = None,
         dead_letter_queue: str | None = None,
         retry_delays: tuple[float, ...] = (),
+        queue_type: str = CLASSIC,
     ) -> Topology:
         """The CLI's rule: with a queue, `for_queue`; without, the claims names with
         whichever of the others were given."""
         if queue is not None:
             return cls.for_queue(
-                queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue, retry_delays
+                queue,
+                exchange,
+                routing_key,
+                dead_letter_exchange,
+                dead_letter_queue,
+                retry_delays,
+                queue_type,
             )
         given = {
             "exchange": exchange,
@@ -173,7 +180,8 @@ class Topology:
             "dead_letter_queue": dead_letter_queue,
         }
         return dataclasses.replace(
-            cls.claims(retry_delays), **{k: v for k, v in given.items() if v is not None}
+            cls.claims(retry_delays, queue_type),
+            **{k: v for k, v in given.items() if v is not None},
         )
 
     @property
@@ -200,7 +208,7 @@ class Topology:
         """
         out = []
         for f in dataclasses.fields(self):
-            if f.name == "retry_delays":
+            if f.name in ("retry_delays", "queue_type"):
                 continue
             value = getattr(self, f.name)
             why = name_problem(
@@ -208,6 +216,9 @@ class Topology:
             )
             if why:
                 out.append(f"{label(f.name)}: {value!r}: {why}")
+        why = type_problem(self.queue_type)
+        if why:
+            out.append(f"{label('queue_type')}: {self.queue_type!r}: {why}")
         if not out and self.queue == self.dead_letter_queue:
             out.append(
                 f"{label('dead_letter_queue')}: {self.queue!r}: is the queue itself;"
@@ -266,11 +277,7 @@ class Topology:
         return [
             Queue(
                 self.retry_queue(delay),
-                arguments={
-                    "x-message-ttl": round(delay * 1000),
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.queue,
-                },
+                arguments=tier_arguments(self.queue_type, round(delay * 1000), self.queue),
             )
             for delay in self.retry_delays
         ]
@@ -280,18 +287,15 @@ class Topology:
             self.queue,
             # Rejected messages (requeue=False) go to the dead-letter exchange with the
             # dead key, so a poison message leaves the queue at once instead of
-            # circulating in front of the others.
-            arguments={
-                "x-dead-letter-exchange": self.dead_letter_exchange,
-                "x-dead-letter-routing-key": self.dead_key,
-            },
+            # circulating in front of the others. On quorum: onceq.amqp.topology_types.
+            arguments=work_arguments(self.queue_type, self.dead_letter_exchange, self.dead_key),
         )
         return (
             [
                 Exchange(self.exchange),
                 Exchange(self.dead_letter_exchange),
                 queue,
-                Queue(self.dead_letter_queue),
+                Queue(self.dead_letter_queue, arguments=dead_arguments(self.queue_type)),
                 *self.tier_objects(),
             ],
             [
@@ -340,86 +344,5 @@ QUEUES = tuple(o for o in _CLAIMS_OBJECTS[0] if isinstance(o, Queue))
 BINDINGS = tuple(_CLAIMS_OBJECTS[1])
 
 
-def plan(topologies: tuple[Topology, ...]) -> tuple[list[Exchange | Queue], list[Binding]]:
-    """The objects of every topology, each once; UsageError if two want one name differently.
-
-    Several flows may share an exchange or a dead-letter exchange; one queue that a
-    flow wants as its input (with dead-lettering) and another as a plain dead-letter
-    queue cannot be both, and the broker would answer the second with a 406 after
-    the first had been created: refused here, before connecting.
-    """
-    objects: dict[str, Exchange | Queue] = {}
-    bindings: dict[Binding, None] = {}
-    for t in topologies:
-        objs, binds = t.objects()
-        for o in objs:
-            key = f"{type(o).__name__} {o.name}"
-            if key in objects and objects[key] != o:
-                raise UsageError(
-                    f"{o.label}: wanted with two different sets of attributes by the flows"
-                    f" (e.g. as an input queue and as a dead-letter queue)"
-                )
-            objects.setdefault(key, o)
-        bindings.update(dict.fromkeys(binds))
-    return list(objects.values()), list(bindings)
-
-
-async def _declare(channel: Any, obj: Exchange | Queue, *, passive: bool = False) -> None:
-    if isinstance(obj, Exchange):
-        await channel.exchange_declare(
-            exchange=obj.name, exchange_type=obj.type, durable=obj.durable, passive=passive
-        )
-    else:
-        await channel.queue_declare(
-            queue=obj.name,
-            durable=obj.durable,
-            arguments=None if passive else obj.arguments,
-            passive=passive,
-        )
-
-
-async def _exists(connection: Any, obj: Exchange | Queue) -> bool:
-    """A passive declare: 404 closes the channel, so each check gets its own."""
-    import aiormq.exceptions as ae
-
-    channel = await connection.channel()
-    try:
-        await _declare(channel, obj, passive=True)
-    except ae.ChannelNotFoundEntity:
-        return False
-    await channel.close()
-    return True
-
-
-async def declare(url: str, *topologies: Topology) -> dict[str, str]:
-    """Declare the topologies (none given: the claims preset) in the URL's vhost.
-
-    Returns {object: 'exists' | 'created' | 'bound'}. Every name is checked before
-    connecting (UsageError naming the option), so a bad name creates nothing.
-    """
-    chosen = topologies or (Topology.claims(),)
-    for t in chosen:
-        t.check()
-    objects, bindings = plan(chosen)
-    connection = await connect(url)
-    try:
-        result: dict[str, str] = {}
-        with boundary(url):
-            present = [o for o in objects if await _exists(connection, o)]
-        channel = await connection.channel()
-        for obj in present:  # check (redeclare) what exists before creating anything
-            with boundary(url, obj.label):
-                await _declare(channel, obj)
-            result[obj.label] = "exists"
-        for obj in objects:
-            if obj not in present:
-                with boundary(url, obj.label):
-                    await _declare(channel, obj)
-                result[obj.label] = "created"
-        for b in bindings:  # binding twice is a no-op in AMQP 0-9-1
-            with boundary(url, b.label):
-                await channel.queue_bind(queue=b.queue, exchange=b.exchange, routing_key=b.key)
-            result[b.label] = "bound"
-        return result
-    finally:
-        await close_quietly(connection)
+# The broker side lives in topology_declare; imported last because it imports Topology.
+from onceq.amqp.topology_declare import declare, plan  # noqa: E402

@@ -43,8 +43,9 @@ from typing import Any
 
 from onceq import faults
 from onceq.amqp.control import ConsumerControl
+from onceq.amqp.preflight import check_consumer_timeout, check_work_queue
 from onceq.amqp.retry import publish_copy
-from onceq.amqp.topology import QUEUE
+from onceq.amqp.topology import QUEUE, Topology
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.errors import NotFound, redact_url
 from onceq.retry import DEFAULT_DELAYS, delay_label
@@ -79,12 +80,23 @@ class AmqpTransport(ConsumerControl):
         queue: str = QUEUE,
         until_empty: bool = False,
         tiers: Sequence[tuple[float, str]] = (),
+        topology: Topology | None = None,
+        call_timeout: float | None = None,
     ) -> None:
         self.url = url
         self.queue_name = queue
         # (delay, retry queue) of the flow's policy (Topology.retry_queue names them).
         self.tiers = {delay_label(d): name for d, name in tiers}
         self._tier_delays = tuple(d for d, _ in tiers)
+        # What the start-up check compares the work queue with (onceq.amqp.preflight):
+        # the flow's own names when given, else the ones derived from the queue.
+        self.topology = topology or (
+            Topology.claims(self._tier_delays)
+            if queue == QUEUE
+            else Topology.for_queue(queue, retry_delays=self._tier_delays)
+        )
+        self.call_timeout = call_timeout  # the flow's call timeout: consumer_timeout check
+        self.queue_facts: Any = None  # what the check learned of the work queue's arguments
         self.prefetch = prefetch
         self.until_empty = until_empty
         self.drained = False  # until_empty: the deliveries ended because the queue is empty
@@ -158,6 +170,9 @@ class AmqpTransport(ConsumerControl):
             except NotFound as exc:
                 # A newcomer's first run: say what declares it, not only that it is absent.
                 raise NotFound(f"{exc}; declare it first: {self.topology_command()}") from None
+            # Before anything is consumed: a work queue without onceq's dead-letter
+            # arguments would drop every message onceq gives up on (Conflict, one line).
+            self.queue_facts = await check_work_queue(self.url, self.topology)
         except BaseException:
             await close_quietly(self._connection)
             raise
@@ -165,12 +180,21 @@ class AmqpTransport(ConsumerControl):
         # itself, but an operator watching a silent consumer should know why it idles.
         self._connection.close_callbacks.add(self._on_connection_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
+        # A warning only, so it runs beside the consumer (rabbitmqctl takes ~0.3 s) rather
+        # than in front of it; close() cancels it (and kills rabbitmqctl) if still running.
+        task = asyncio.get_running_loop().create_task(
+            check_consumer_timeout(self.url, self.queue_name, self.call_timeout, self.queue_facts)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def topology_command(self) -> str:
         """The `onceq mq topology` command that declares this run's queue and tiers."""
         how = "" if self.queue_name == QUEUE else f" --queue {self.queue_name}"
         if self._tier_delays and self._tier_delays != DEFAULT_DELAYS:
             how += " --retry-delays " + ",".join(delay_label(d) for d in self._tier_delays)
+        if self.topology.queue_type != "classic":
+            how += f" --queue-type {self.topology.queue_type}"
         return f"onceq mq topology{how}"
 
     async def start(self) -> None:

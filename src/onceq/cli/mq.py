@@ -55,6 +55,12 @@ def mq() -> None:
     help="Bound to X with key D; holds the dead letters (default STEM.dead).",
 )
 @click.option(
+    "--queue-type",
+    type=click.Choice(["classic", "quorum"]),
+    help="classic (default: the exercise's objects) or quorum: the work queue, its"
+    " dead-letter queue and its retry queues replicated (docs/mq.md, Quorum queues).",
+)
+@click.option(
     "--flows",
     "flow_file",
     metavar="FILE",
@@ -69,6 +75,7 @@ def topology(
     routing_key: str | None,
     dead_letter_exchange: str | None,
     dead_letter_queue: str | None,
+    queue_type: str | None,
     flow_file: Path | None,
     as_json: bool,
     **retry_flags: Any,
@@ -94,6 +101,13 @@ def topology(
     delays, --retry exercise (or --retry-delays none) for none, which is exactly
     the exercise's objects. With --flows, each flow's own retry policy.
 
+    --queue-type quorum declares the work queue, the dead-letter queue and the
+    retry queues as quorum queues (RabbitMQ 3.10+): replicated, with
+    at-least-once dead-lettering and a delivery limit high enough that onceq's
+    own attempt count decides (x-delivery-limit 1000000; why: docs/mq.md). A
+    flow file says queue_type = "quorum" in the flow's table. A queue's type
+    cannot change once declared: the broker refuses (exit 4).
+
     Idempotent: a second run changes nothing. When the broker already holds one
     of them with other attributes it exits 4 naming the object, and creates
     nothing. A name that cannot be used (empty, over 255 bytes, starting with
@@ -103,6 +117,7 @@ def topology(
     Example:
       EAI_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2F onceq mq topology
       onceq mq topology --queue invoice.in
+      onceq mq topology --queue invoice.in --queue-type quorum
       onceq mq topology --retry exercise
       onceq mq topology --retry-delays 1s,10s,1m
       onceq mq topology --flows flows.toml
@@ -120,11 +135,19 @@ def topology(
             raise UsageError("--flows: the names come from the flow file; give no --queue etc.")
         if policy is not None:
             raise UsageError("--flows: each flow's retry policy comes from the flow file")
+        if queue_type is not None:
+            raise UsageError("--flows: each flow's queue_type comes from the flow file")
         brokers = _flow_topologies(flow_file)
     else:
         delays = (policy or RetryPolicy()).delays
         names = Topology.from_options(
-            queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue, delays
+            queue,
+            exchange,
+            routing_key,
+            dead_letter_exchange,
+            dead_letter_queue,
+            delays,
+            queue_type or "classic",
         ).check()
         brokers = {cli_url(): [names]}
     done = [(url, asyncio.run(declare(url, *names))) for url, names in brokers.items()]
