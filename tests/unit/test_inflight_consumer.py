@@ -70,7 +70,9 @@ def _twins(target: str, guarded: bool) -> tuple[Partner, list[Any]]:
     for t in ts:
         fill(t, N)
     make = guard_for if guarded else (lambda _ledger: None)
-    cs = [Consumer(t, led, decode, partner, inflight=make) for t, led in zip(ts, ledgers)]
+    cs = [
+        Consumer(t, led, decode, partner, inflight=make) for t, led in zip(ts, ledgers, strict=True)
+    ]
 
     async def main() -> list[Any]:
         return list(await asyncio.gather(*(c.run() for c in cs)))
