@@ -80,6 +80,13 @@ def guard_conninfo(url: str) -> str:
 
 
 _LOST = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+# "out of shared memory": every advisory lock takes a slot of the server's lock table
+# (max_locks_per_transaction × (max_connections + max_prepared_transactions) slots in
+# all), and N consumers × prefetch leases can fill it. The session is fine, so it is
+# kept (closing it would drop every lease this process holds); the batch goes
+# unguarded, with a WARNING at most once a minute.
+SHORT_OF_LOCKS = ("53200",)
+SHORT_WARN_EVERY_S = 60.0
 
 
 class PgGuard:
@@ -103,6 +110,7 @@ class PgGuard:
         self.waits = 0  # claims that found their id held at least once
         self.unguarded = 0  # claims granted without a lock (the connection was away)
         self.batches = 0  # claim queries sent
+        self._short_warned = -SHORT_WARN_EVERY_S
 
     # --- InflightGuard ----------------------------------------------------------------
 
@@ -187,7 +195,10 @@ class PgGuard:
                     self._send(conn, releases, claims), QUERY_TIMEOUT_S
                 )
             except _LOST as exc:
-                await self._lost(exc)
+                if getattr(exc, "sqlstate", None) in SHORT_OF_LOCKS:
+                    self._warn_short(exc)  # the session (and its locks) is fine
+                else:
+                    await self._lost(exc)
             except psycopg.Error as exc:
                 # Not a lost connection: the server refuses the query itself (no
                 # hashtextextended before PostgreSQL 11, a permission): a setup the
@@ -271,6 +282,18 @@ class PgGuard:
             with contextlib.suppress(Exception):
                 await conn.close()
         self._warn_lost(exc)
+
+    def _warn_short(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._short_warned >= SHORT_WARN_EVERY_S:
+            self._short_warned = now
+            log.warning(
+                "in-flight guard on %s: the server is out of lock space (%s); claims go"
+                " unguarded meanwhile (raise max_locks_per_transaction: each consumer"
+                " holds up to its prefetch in advisory locks)",
+                self.path,
+                type(exc).__name__,
+            )
 
     def _warn_lost(self, exc: BaseException) -> None:
         if self._down_since is None:
