@@ -492,14 +492,21 @@ def process_cpu(pid: int) -> float:
 
 
 def broker_cpu() -> float | None:
-    """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found."""
+    """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found.
+
+    A `rabbitmqctl` is a beam.smp too (anything asking the broker something, a test
+    beside the bench, starts one for a second): the broker is the one that is not.
+    """
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
+            if (
+                "(beam.smp)" in stat
+                and b"rabbitmqctl" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ):
+                return process_cpu(int(pid))
         except OSError:
             continue
-        if "(beam.smp)" in stat:
-            return process_cpu(int(pid))
     return None
 
 

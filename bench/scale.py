@@ -67,7 +67,14 @@ def stub_pid(base: str) -> int:
 
 
 def broker_pids() -> list[int]:
-    return _pids_named("beam.smp")
+    """The broker's Erlang VM: a beam.smp that is not a `rabbitmqctl` (also a beam.smp,
+    started by anything that asks the broker something, and gone a second later)."""
+    out = []
+    for pid in _pids_named("beam.smp"):
+        with contextlib.suppress(OSError):
+            if b"rabbitmqctl" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
 
 
 def _pids_named(comm: str) -> list[int]:
