@@ -5,27 +5,30 @@ reliability argument, so it lives in one place:
 
 1. A delivery is decoded; a message that cannot be decoded is rejected at once
    (retrying a parse error fails the same way and blocks the queue behind it).
-2. If the ledger already holds its msg_id, it is a duplicate: no handler call.
-3. At most one copy of a msg_id is in flight: a second copy waits for the first to
-   be recorded and settled, then finds it in the ledger (so a partner is never
-   called twice at once for one message). When the ledger row is the whole effect
-   (`no_effect`, the directory queue) steps 2 and 3 are skipped: there is no call
-   to save, and the primary key in the commit tells a second copy from the first,
-   even inside one group.
-4. The handler's outcome becomes a settle decision (`RetryPolicy.decide`).
-5. The committer writes a group of outcomes in one durable transaction, and only
-   then asks the transport to settle that group. A crash before the commit leaves
-   every copy unsettled (it comes back and runs again, the primary key refusing a
-   second effect); a crash after the commit and before the settle leaves copies
-   that the ledger recognises.
+2. At most one copy of a msg_id is in flight in this process: a second copy waits for
+   the first to be recorded and settled (its turn)...
+3. ...and at most one across processes: the copy then claims msg_id's lease in the
+   in-flight guard (`onceq.inflight`: an advisory lock on PostgreSQL, a byte-range
+   lock beside an SQLite file), waiting while a twin in another process holds it.
+4. Only then the duplicate check: if the ledger holds the msg_id (a twin here or
+   elsewhere committed it, maybe while this copy waited), no handler call. So a
+   partner is never called twice at once for one message. When the ledger row is the
+   whole effect (`no_effect`, the directory queue) steps 2 to 4 are skipped: there
+   is no call to save, and the primary key in the commit tells a second copy from the
+   first, even inside one group.
+5. The handler's outcome becomes a settle decision (`RetryPolicy.decide`).
+6. The committer writes a group of outcomes in one durable transaction, and only
+   then asks the transport to settle that group; then the lease is released. A crash
+   before the commit leaves every copy unsettled (it comes back and runs again, the
+   primary key refusing a second effect; its lease died with the process); a crash
+   after the commit and before the settle leaves copies that the ledger recognises.
 
 Grouping is the main speed trick: many outcomes share one commit (one fsync) and
 one settle, but no settle ever precedes the commit of its own record.
 
-The circuit breaker (onceq.breaker) sits before the call: while it is open a copy
-is HELD (settled RELEASE: nothing recorded, no attempt spent) and the transport is
-paused; a due probe asks it for one copy. A transport that cannot pause keeps its
-copies waiting here instead (bounded by max_in_flight).
+Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the
+transport paused while the circuit breaker is open or the ledger is away (a read
+raised `LedgerUnavailable`): `onceq.holds`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq import faults
-from onceq.breaker import CLOSED, OPEN, Breaker
+from onceq.errors import LedgerUnavailable
+from onceq.holds import Holds
+from onceq.inflight import InflightGuard, Leases, guard_for
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
 from onceq.retry import BreakerPolicy, RetryPolicy
@@ -86,7 +91,9 @@ class Consumer:
     prefetch: the broker bounds it too); `max_group` bounds one commit.
     `on_settled` is called with each settled group (progress display). `retry`: what a
     transient failure leads to; `breaker`: the circuit breaker's policy, built into
-    `self.breaker` (None when off or without a call).
+    `self.breaker` (None when off or without a call). `inflight` makes the ledger's
+    cross-process guard (`onceq.inflight.guard_for`; None from it: no guard); `run`
+    opens it when there is a call, and closes it when it ends.
 
     Two ways to end, deliberately different:
     - the transport runs out (an empty directory queue, a drained broker queue, a
@@ -111,6 +118,7 @@ class Consumer:
         on_settled: Callable[[Sequence[Entry]], None] | None = None,
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
+        inflight: Callable[[Any], InflightGuard | None] = guard_for,
     ) -> None:
         self.transport = transport
         self.ledger = ledger
@@ -128,17 +136,9 @@ class Consumer:
         self.retry = retry
         self.max_attempts = retry.max_attempts
         self.breaker_policy = breaker if breaker is not None else BreakerPolicy.off()
-        # Only a call can find a partner down: without one (the ledger row is the
-        # effect) there is nothing to protect and no breaker.
-        self.breaker: Breaker | None = None
-        if self.breaker_policy.enabled and handler is not no_effect:
-            self.breaker = Breaker(
-                self.breaker_policy, name=ledger.flow, on_change=self._breaker_changed
-            )
-        self._pausable = all(
-            callable(getattr(transport, m, None)) for m in ("pause", "probe", "resume")
-        )
-        self._wake = asyncio.Event()  # set (and replaced) on a breaker change or a stop
+        self.holds = Holds(transport, ledger, self.breaker_policy, calls=handler is not no_effect)
+        self.breaker = self.holds.breaker
+        self.leases = Leases(inflight)  # opened by `run` when there is a call
         self.on_settled = on_settled
         self.stats = Stats()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -151,13 +151,12 @@ class Consumer:
         self._stopped = False
 
     async def run(self) -> Stats:
+        if self.handler is not no_effect:
+            self.leases.open(self.ledger)
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
         tasks: set[asyncio.Task[None]] = set()
-        prober = None
-        if self.breaker is not None and self._pausable:
-            prober = asyncio.create_task(self._drive_probes(), name="onceq-prober")
-            prober.add_done_callback(self._stop_on_error)
+        self.holds.start(self._stop_on_error)
         try:
             async for delivery in self.transport.deliveries():
                 if not await self._acquire_slot(committer):
@@ -192,8 +191,10 @@ class Consumer:
             self._pending.put_nowait(_STOP)
             await committer
         finally:
-            for t in (*tasks, committer, *([prober] if prober else [])):
+            for t in (*tasks, committer):
                 t.cancel()
+            self.holds.close()
+            await self.leases.aclose()
         return self.stats
 
     def stop(self) -> None:
@@ -203,7 +204,13 @@ class Consumer:
         Safe to call more than once and from a signal handler on the loop.
         """
         self._stopped = True
-        self._wake_up()  # copies waiting for the breaker: a stop does not wait for a probe
+        self.holds.stop()  # copies waiting for a probe or the ledger: a stop does not wait
+        self.leases.stop()  # a copy waiting for a twin elsewhere starts no call
+        # A commit waiting for a lost ledger to come back gives up (LedgerError): its
+        # copies stay unsettled and come back; the ledger decides then.
+        interrupt = getattr(self.ledger, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
         self.transport.stop()
 
     def _stop_on_error(self, task: asyncio.Task[None]) -> None:
@@ -236,12 +243,14 @@ class Consumer:
         return not acquire.cancelled()
 
     async def _handle(self, d: Delivery) -> None:
-        guard: asyncio.Event | None = None
+        turn: asyncio.Event | None = None
+        leased = False
         try:
             decoded = self._decode(d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
-                guard = await self._take_turn(d.msg_id)
+                turn = await self._take_turn(d.msg_id)
+                leased = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
                     # began): start no new call after a stop. It is left unsettled: a
@@ -250,16 +259,20 @@ class Consumer:
                     return
                 outcome = await self._effect(d, decoded)
                 if outcome is None:
-                    return  # stopped while the breaker held it: unsettled, as above
+                    return  # stopped while held: unsettled, as above
             else:
                 outcome = decoded
             done = asyncio.Event()
             await self._pending.put((self._entry(d, outcome), done))
             await done.wait()
         finally:
-            if guard is not None:
+            # The lease first, then the turn: a twin of this process that takes the turn
+            # must find the lease free.
+            if leased:
+                await self.leases.release(d.msg_id)  # type: ignore[arg-type]
+            if turn is not None:
                 del self._in_flight[d.msg_id]  # type: ignore[arg-type]
-                guard.set()
+                turn.set()
             self._slots.release()
 
     def _decode(self, d: Delivery) -> Outcome:
@@ -284,7 +297,8 @@ class Consumer:
         return outcome
 
     async def _take_turn(self, msg_id: str) -> asyncio.Event:
-        """One copy of a msg_id in flight at a time; later copies wait for it to settle."""
+        """One copy of a msg_id in flight in this process; later copies wait for it to
+        settle (and to give its lease back)."""
         while (ev := self._in_flight.get(msg_id)) is not None:
             await ev.wait()
         guard = asyncio.Event()
@@ -292,13 +306,26 @@ class Consumer:
         return guard
 
     async def _effect(self, d: Delivery, decoded: Outcome) -> Outcome | None:
-        """The call's outcome; HELD when the breaker starts none; None when stopped."""
+        """The call's outcome; HELD when none may start (the breaker is open, the ledger
+        away); None when stopped."""
         assert d.msg_id is not None
-        if self.ledger.processed_ref(d.msg_id) is not None:
+        while True:
+            try:
+                seen = self.ledger.processed_ref(d.msg_id)
+                break
+            except LedgerUnavailable as exc:
+                # Nothing can be checked, so nothing is called: held untried, and the
+                # transport paused until the ledger answers (onceq.holds).
+                self.holds.ledger_lost(exc)
+                if self.holds.pausable:
+                    return Outcome(Kind.HELD, "ledger-unavailable")
+                if not await self.holds.ledger_back():
+                    return None
+        if seen is not None:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
-        if self.breaker is not None and not await self._allowed(d.msg_id):
+        if self.breaker is not None and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
         try:
             outcome = await self.handler(d, decoded.fields)
@@ -311,48 +338,17 @@ class Consumer:
             self.breaker.record(d.msg_id, outcome)
         return outcome
 
-    async def _allowed(self, msg_id: str) -> bool:
-        """May this copy's call start? Held at once when the transport pauses; else it
-        waits here until the breaker lets it (the probe, or closed) or a stop."""
-        assert self.breaker is not None
-        while not self.breaker.allow(msg_id):
-            if self._pausable or self._stopped:
-                return False
-            await _wait(self._wake, self.breaker.probe_in())
-        return True
-
-    def _breaker_changed(self, old: str, new: str) -> None:
-        # Paused while open: what the transport had handed out is released and no more
-        # comes, so an open breaker costs no redelivery storm and no CPU.
-        if self._pausable:
-            if new == OPEN and old == CLOSED:
-                self.transport.pause()  # type: ignore[attr-defined]
-            elif new == CLOSED:
-                self.transport.resume()  # type: ignore[attr-defined]
-        self._wake_up()
-
-    def _wake_up(self) -> None:
-        wake, self._wake = self._wake, asyncio.Event()
-        wake.set()
-
-    async def _drive_probes(self) -> None:
-        """While the breaker is open, ask the paused transport for one copy when a
-        probe is due; that copy's call is the probe (`_allowed`). Asked again after
-        `policy.probe` when none came or it made no call (an empty queue, a copy
-        the ledger already holds)."""
-        assert self.breaker is not None
-        while not self._stopped:
-            wake, wait = self._wake, self.breaker.probe_in()
-            if wait is None or wait > 0:  # closed or half-open (None), or not yet time
-                await _wait(wake, wait)
-                continue
-            self.transport.probe()  # type: ignore[attr-defined]
-            await _wait(wake, self.breaker_policy.probe)
-
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1
         if o.kind in (Kind.REJECTED, Kind.TRANSIENT) and d.msg_id is not None:
-            attempt = self.ledger.failed_attempts(d.msg_id) + 1
+            try:
+                attempt = self.ledger.failed_attempts(d.msg_id) + 1
+            except LedgerUnavailable as exc:
+                # Its attempts cannot be counted, so its failure cannot be decided:
+                # given back unrecorded (it comes back and is tried again: at worst a
+                # second call for a failure) rather than decided on a guess.
+                self.holds.ledger_lost(exc)
+                o = Outcome(Kind.HELD, "ledger-unavailable")
         settle, d.delay = self.retry.decide(o.kind, attempt, o.retry_after)
         return Entry(
             d,
@@ -396,9 +392,3 @@ class Consumer:
                     done.set()
             if self.on_settled is not None:
                 self.on_settled(group)
-
-
-async def _wait(event: asyncio.Event, seconds: float | None) -> None:
-    """Until `event` is set or `seconds` pass (None: no limit)."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)

@@ -166,11 +166,13 @@ class Flow:
         return SqlEffect(function=self.sql)
 
 
-def open_ledger(flow: Flow, path: str | Path, source: str, *, create: bool = True) -> Any:
-    """The ledger at `path`, scoped to this flow (its dedup rows, its SQL effect)."""
-    from onceq.ledger import Ledger
+def open_ledger(flow: Flow, target: str | Path, source: str, *, create: bool = True) -> Any:
+    """The ledger at `target` (a path or a postgresql:// URL), scoped to this flow (its
+    dedup rows, its SQL effect): `onceq.ledger_target.open_ledger`, the one place that
+    tells an SQLite ledger from a PostgreSQL one."""
+    from onceq.ledger_target import open_ledger as open_target
 
-    return Ledger(path, source, flow=flow.name, sql=flow.sql_effect(), create=create)
+    return open_target(target, source, flow=flow.name, sql=flow.sql_effect(), create=create)
 
 
 async def close_effect(handler: Any) -> None:

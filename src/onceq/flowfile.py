@@ -1,6 +1,6 @@
 """A flow file (TOML): one ledger and several flows, checked whole before anything runs.
 
-    ledger = "./ledger.db"
+    ledger = "./ledger.db"           # or "postgresql://onceq:${PGPASSWORD}@db:5432/app"
     [flows.invoices]
     source = "dirq"
     path = "./q"
@@ -16,8 +16,9 @@ Every mistake is collected (not only the first), each as one line
 user fixes the file in one go. Nothing is opened meanwhile: no ledger, no broker,
 no queue folder is touched by a check. `${NAME}` in any string is the environment
 variable (a secret stays out of the file); its value is never shown. Relative
-paths are the flow file's folder's, and so is the first entry of sys.path while a
-`function = "module:name"` is imported.
+paths are the flow file's folder's (a postgresql:// ledger URL is no path: it is
+taken as it is, checked, and never shown with its password), and so is the first
+entry of sys.path while a `function = "module:name"` is imported.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from onceq.flowfile_keys import (
     get,
 )
 from onceq.flowfile_retry import breaker_of, retry_of
+from onceq.ledger_target import Target
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -56,10 +58,11 @@ class FlowFileError(UsageError):
 
 @dataclass
 class FlowFile:
-    """A checked flow file: its ledger path and its flows, in the file's order."""
+    """A checked flow file: its ledger (a path, or a postgresql:// URL) and its flows,
+    in the file's order."""
 
     path: Path
-    ledger: Path
+    ledger: Target
     flows: list[Flow] = field(default_factory=list)
 
 
@@ -123,11 +126,7 @@ def _build(doc: dict[str, Any], base: Path, m: Mistakes, names: tuple[str, ...])
     for k in doc:
         if k not in TOP_KEYS:
             m.add(k, f"unknown key (expected: {', '.join(sorted(TOP_KEYS))})")
-    ledger = _expand(doc.get("ledger", "ledger.db"), "ledger", m)
-    if not isinstance(ledger, str) or not ledger:
-        m.add("ledger", "must be a path (text)")
-        ledger = "ledger.db"
-    out = FlowFile(Path(), base / ledger)
+    out = FlowFile(Path(), _ledger(doc, base, m))
     flows = doc.get("flows")
     if not isinstance(flows, dict) or not flows:
         m.add("flows", "no [flows.NAME] table: a flow file needs at least one flow")
@@ -146,6 +145,28 @@ def _build(doc: dict[str, Any], base: Path, m: Mistakes, names: tuple[str, ...])
         if flow is not None:
             out.flows.append(flow)
     return out
+
+
+def _ledger(doc: dict[str, Any], base: Path, m: Mistakes) -> Target:
+    """The file's `ledger`: a path (relative to the file's folder) or a postgresql:// URL.
+
+    A URL is checked here (parsed, never connected to), so `onceq check` names a typo
+    by its key; its password (often a `${ENV}`) is masked in the line.
+    """
+    from onceq.errors import UsageError
+    from onceq.ledger_target import as_target
+
+    ledger = _expand(doc.get("ledger", "ledger.db"), "ledger", m)
+    if not isinstance(ledger, str) or not ledger:
+        m.add("ledger", "must be a path or a postgresql:// URL (text)")
+        return base / "ledger.db"
+    try:
+        target = as_target(ledger, "")
+    except UsageError as exc:
+        m.add("ledger", str(exc).strip())
+        return base / "ledger.db"
+    # base / a URL would make it a path; an absolute path stays as it is.
+    return target if isinstance(target, str) else base / target
 
 
 def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:

@@ -120,6 +120,43 @@ class Entry:
         self.reason, self.detail = "ledger-refused", detail
 
 
+def build_row(e: Entry, flow: str, source: str, now: str) -> str:
+    """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''.
+
+    Shared by both ledgers (`onceq.pg.ledger.PgLedger` adds PostgreSQL's own refusals).
+    """
+    f = e.fields
+    d = e.delivery
+    msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
+    # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
+    # test or two inline; anything else gets the full check and its wording.
+    if not (
+        (msg_id.__class__ is str and msg_id.isascii())
+        and (grp is None or (grp.__class__ is str and grp.isascii()))
+        and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
+    ):
+        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
+            why = unstorable(value)
+            if why:
+                return f"{name}: {why}"
+    kept_values = f.get("kept")
+    if kept_values:
+        try:
+            kept = encode_kept(kept_values)
+        except (TypeError, ValueError) as exc:
+            return f"kept: {exc}"
+        if not (kept.isascii() or is_utf8(kept)):
+            return "kept: text with a lone surrogate"
+    else:
+        kept = "{}"
+    ref = d.ref
+    if not (ref.__class__ is str and ref.isascii() and "\x00" not in ref):
+        ref = text(ref)
+    dup = 1 if f.get("partner_duplicate") else 0
+    e.row = (flow, msg_id, grp, seq, kept, dup, now, source, ref)
+    return ""
+
+
 class Ledger(LedgerOps):
     """The ledger at `path`, for the flow `flow`. `source` tags rows ('dirq', 'amqp').
 
@@ -128,6 +165,8 @@ class Ledger(LedgerOps):
     made (never its folder: LedgerError), and `created` says so; with create=False it
     is NotFound. A 0.1.0 ledger is migrated on open (`onceq.ledger_migrate`).
     """
+
+    kind = "sqlite"  # PgLedger's is "postgresql": what a caller may branch on, if it must
 
     def __init__(
         self,
@@ -303,36 +342,7 @@ class Ledger(LedgerOps):
 
     def _build_row(self, e: Entry, now: str) -> str:
         """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''."""
-        f = e.fields
-        d = e.delivery
-        msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
-        # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
-        # test or two inline; anything else gets the full check and its wording.
-        if not (
-            (msg_id.__class__ is str and msg_id.isascii())
-            and (grp is None or (grp.__class__ is str and grp.isascii()))
-            and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
-        ):
-            for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
-                why = unstorable(value)
-                if why:
-                    return f"{name}: {why}"
-        kept_values = f.get("kept")
-        if kept_values:
-            try:
-                kept = encode_kept(kept_values)
-            except (TypeError, ValueError) as exc:
-                return f"kept: {exc}"
-            if not (kept.isascii() or is_utf8(kept)):
-                return "kept: text with a lone surrogate"
-        else:
-            kept = "{}"
-        ref = d.ref
-        if not (ref.__class__ is str and ref.isascii()):
-            ref = text(ref)
-        dup = 1 if f.get("partner_duplicate") else 0
-        e.row = (self.flow, msg_id, grp, seq, kept, dup, now, self.source, ref)
-        return ""
+        return build_row(e, self.flow, self.source, now)
 
     def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
         conn.execute("SAVEPOINT entry")

@@ -190,12 +190,13 @@ class LedgerOps:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         as_json = json.dumps(filter, sort_keys=True, default=str)
         with self._transaction() as conn:
-            cur = conn.execute(
+            # RETURNING, not lastrowid: the one form both ledgers' drivers give back.
+            row = conn.execute(
                 "INSERT INTO dead_ops (flow, transport, op, filter, queue, started_at)"
-                " VALUES (?,?,?,?,?,?)",
+                " VALUES (?,?,?,?,?,?) RETURNING id",
                 (self.flow, transport, op, as_json, text(queue), utcnow()),
-            )
-            return int(cur.lastrowid or 0)
+            ).fetchone()
+            return int(row[0])
 
     def record_purged(self, op_id: int, ids: Sequence[str]) -> None:
         """Append `ids` (msg_ids or refs removed) to op_id's audit row, and its count."""

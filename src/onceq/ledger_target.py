@@ -13,16 +13,26 @@ URL's secrets are remembered (`onceq.redact.remember`) so that any text quoting 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceq.redact import redact_url, remember
+from onceq.errors import UsageError
+from onceq.redact import redact_text, redact_url, remember
 
 if TYPE_CHECKING:
     from onceq.effect import SqlEffect
 
 PG_SCHEMES = ("postgresql", "postgres")
 DEFAULT_FLOW = "default"
+Target = str | Path  # a URL stays a str (never a Path: Path() would fold its `//`)
+
+# A value that was meant as a PostgreSQL URL but is not one (`postgresql//…`,
+# `postgres:/…`, `PostgreSQL:…`): taken as a path it would name a folder that does not
+# exist, and the refusal would print the "path" — the password with it.
+_MISTYPED_PG = re.compile(r"\s*postgres(?:ql)?\s*[:/;\\]", re.IGNORECASE)
+# Any other `scheme://` is no ledger onceq knows (mysql://, sqlite://, http://).
+_OTHER_SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.\-]*:/{2}")
 
 
 def is_pg_url(target: str | Path | None) -> bool:
@@ -36,6 +46,56 @@ def is_pg_url(target: str | Path | None) -> bool:
 def describe(target: str | Path) -> str:
     """`target` as a message may name it: a URL's password masked, a path as it is."""
     return redact_url(str(target)) if is_pg_url(target) else str(target)
+
+
+def as_target(value: str | Path, what: str = "--db") -> Target:
+    """A ledger named by a user (`--db`, EAI_MQ_DB, a flow file's `ledger`): a checked
+    PostgreSQL URL (a str), else a Path. UsageError (exit 2, one masked line naming
+    `what`) for a URL that cannot be parsed, or a value that is a URL of another kind.
+
+    The URL's password is remembered (masked in all later output) before anything
+    can print it: the checks here, a driver's error text, a traceback.
+    """
+    if isinstance(value, Path):
+        return value
+    text = str(value)
+    if is_pg_url(text):
+        check_pg_url(text, what)
+        return text
+    if _MISTYPED_PG.match(text) or _OTHER_SCHEME.match(text):
+        remember(text)
+        raise UsageError(
+            f"{what} {redact_url(text)}: not a ledger path nor a postgresql:// URL"
+            " (a PostgreSQL ledger is postgresql://USER:PASSWORD@HOST:PORT/DATABASE)"
+        )
+    return Path(text)
+
+
+def check_pg_url(url: str, what: str = "--db") -> dict[str, str]:
+    """The connection parameters of `url` as libpq reads them (psycopg's
+    `conninfo_to_dict`), or UsageError naming `what` and why, the password masked.
+
+    Checked before any connection, so that a typo is exit 2 (bad usage), not a
+    connection failure (exit 8) after a timeout. libpq's own reason quotes the
+    offending piece of the URL ("p w", the password itself): quoted pieces are left
+    out of the line, since a mistyped URL splits where no masking rule expects.
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    remember(url)
+    shown = redact_url(url)
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(url).items()}
+    except ProgrammingError as exc:
+        why = re.sub(r'"[^"]*"', '"…"', " ".join(str(exc).split()))
+        raise UsageError(
+            f"{what} {shown}: not a valid PostgreSQL URL: {redact_text(why)}"
+        ) from None
+    for port in params.get("port", "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise UsageError(f"{what} {shown}: not a valid PostgreSQL URL: the port is not 1-65535")
+    return params
 
 
 def open_ledger(
@@ -52,8 +112,8 @@ def open_ledger(
     tests/contract/test_ledger_contract.py, runs against each): `create=False` makes a
     missing ledger NotFound; `created` says this open made its tables.
     """
+    target = as_target(target, "ledger")  # a library caller's str too: checked, remembered
     if is_pg_url(target):
-        remember(str(target))
         from onceq.pg.ledger import PgLedger
 
         return PgLedger(str(target), source, flow=flow, sql=sql, create=create)

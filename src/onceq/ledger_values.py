@@ -35,14 +35,21 @@ def is_utf8(value: str) -> bool:
 
 
 def text(value: Any) -> Any:
-    """`value` as storable TEXT: each lone surrogate written as its escape (\\udcff).
+    """`value` as storable TEXT: each lone surrogate written as its escape (\\udcff),
+    each NUL as \\x00.
 
     One fixed mapping, applied to a ref wherever it is written or looked up, so a file
     whose name is not UTF-8 is recorded, found again on recovery and reported like
     any other (its name in the ledger reads with the escape).
     """
-    if not isinstance(value, str) or is_utf8(value):
+    if not isinstance(value, str):
         return value  # not a str (None, a number): bound as it is
+    if "\x00" in value:
+        # PostgreSQL's TEXT cannot hold NUL (SQLite's can): written as its escape on
+        # both, so a ref or failure text reads and is found again the same on either.
+        value = value.replace("\x00", "\\x00")
+    if is_utf8(value):
+        return value
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

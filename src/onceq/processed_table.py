@@ -38,6 +38,21 @@ CREATE TABLE IF NOT EXISTS processed (
 """
 
 
+# The same table on a PostgreSQL ledger (created in schema onceq: the ledger's
+# search_path): SQLite's INTEGER and REAL as PostgreSQL's 64-bit and double types.
+DDL_POSTGRESQL = """
+CREATE TABLE IF NOT EXISTS processed (
+    msg_id       TEXT PRIMARY KEY,
+    order_no     TEXT,
+    seq          BIGINT,
+    amount       DOUBLE PRECISION,
+    processed_at TEXT NOT NULL,
+    source       TEXT NOT NULL DEFAULT 'dirq',
+    ref          TEXT
+);
+"""
+
+
 def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     """One INSERT per chunk of the entries that took effect (their dedup rows are in).
 
@@ -71,4 +86,6 @@ def _insert_many(rows: int) -> str:
     )
 
 
-PROCESSED_TABLE = SqlEffect(function=None, setup=DDL, bulk=write_rows)
+PROCESSED_TABLE = SqlEffect(
+    function=None, setup=DDL, bulk=write_rows, setup_postgresql=DDL_POSTGRESQL
+)

@@ -1,12 +1,14 @@
-"""Run flows: several in one process and one asyncio loop, one ledger file, one stop.
+"""Run flows: several in one process and one asyncio loop, one ledger, one stop.
 
     onceq.run(flow_a, flow_b, ledger="ledger.db", until_empty=True)  ->  {name: Stats}
+    onceq.run(flow_a, ledger="postgresql://onceq:PW@db:5432/app")   # a shared ledger
 
-Each flow gets its own `Ledger` object on the same file (SQLite's write lock and
-`BEGIN IMMEDIATE` serialise their commits; dedup is per flow, so two flows never
-refuse each other's ids). The per-source work is the code `dirq consume` and
-`mq consume` run (`onceq.dirq.run.consume_flow`, `onceq.amqp.consume.consume_flow`):
-there is no second consume path for flow files or the Python API.
+Each flow gets its own ledger object on the same ledger (an SQLite file: its write
+lock and `BEGIN IMMEDIATE` serialise their commits; a PostgreSQL database: one
+connection each; dedup is per flow, so two flows never refuse each other's ids).
+The per-source work is the code `dirq consume` and `mq consume` run
+(`onceq.dirq.run.consume_flow`, `onceq.amqp.consume.consume_flow`): there is no
+second consume path for flow files or the Python API.
 
 Order of a start, as in `mq consume`: every source is checked first (the queue
 folder exists, the broker has the queue), then the ledger is opened, then consuming
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceq.errors import UsageError
+from onceq.ledger_target import Target, as_target, describe
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -157,13 +160,13 @@ class Gate:
 class RunReport:
     """What a run of several flows did; `finished` says a batch emptied every source."""
 
-    ledger: Path
+    ledger: Target  # a path or a postgresql:// URL (shown by `describe`: no password)
     stats: dict[str, Stats] = field(default_factory=dict)
     drained: dict[str, bool] = field(default_factory=dict)  # rabbitmq flows
     unsettled: dict[str, int] = field(default_factory=dict)  # rabbitmq flows
     signal: int | None = None
     deadline: bool = False
-    created: bool = False  # this run made the ledger file
+    created: bool = False  # this run made the ledger's tables (it had seen nothing)
 
     @property
     def finished(self) -> bool:
@@ -177,7 +180,7 @@ class RunReport:
                 d["drained"] = self.drained[name]
                 d["unsettled"] = self.unsettled[name]
             flows[name] = d
-        return {"ledger": str(self.ledger), "flows": flows, "finished": self.finished}
+        return {"ledger": describe(self.ledger), "flows": flows, "finished": self.finished}
 
 
 def check_flows(flows: Sequence[Flow]) -> list[Flow]:
@@ -238,7 +241,9 @@ async def run_flows(
     flows = check_flows(flows)
     if max_seconds is not None and not max_seconds > 0:
         raise UsageError(f"max_seconds must be a positive number, not {max_seconds}")
-    report = RunReport(Path(ledger), created=not Path(ledger).exists())
+    # Checked before any source: a mistyped URL is refused (exit 2) with nothing touched.
+    # A URL stays a str: Path() would fold its `//`.
+    report = RunReport(as_target(ledger, "ledger"))
     stop = Stop(second="raise")
     jobs: list[tuple[Flow, Any]] = []
     for f in flows:
@@ -257,7 +262,7 @@ async def run_flows(
             deadline = loop.call_later(max_seconds, on_deadline)
         tasks = [
             asyncio.create_task(
-                _run_one(f, report.ledger, stop, gate, until_empty, on_settled),
+                _run_one(f, report, stop, gate, until_empty, on_settled),
                 name=f"onceq-flow-{f.name}",
             )
             for f, _ in jobs
@@ -300,19 +305,30 @@ async def _wait_all(tasks: list[asyncio.Task[Any]], stop: Stop, gate: Gate) -> l
 
 async def _run_one(
     flow: Flow,
-    ledger: Path,
+    report: RunReport,
     stop: Stop,
     gate: Gate,
     until_empty: bool,
     on_settled: Callable[[str, Sequence[Entry]], None] | None,
 ) -> dict[str, Any]:
     settled = None if on_settled is None else (lambda group: on_settled(flow.name, group))
+    ledger = report.ledger
+
+    def on_new_ledger(_: object) -> None:
+        # Whichever flow opened it first made the tables: the run's ledger is new.
+        report.created = True
+
     if flow.kind == "rabbitmq":
         from onceq.amqp.consume import ConsumeOptions, consume_flow
 
         opts = ConsumeOptions(db=ledger, until_empty=until_empty, timeout=_timeout(flow))
         result = await consume_flow(
-            flow, opts, on_settled=settled, stop=stop, before_ledger=gate.arrive
+            flow,
+            opts,
+            on_settled=settled,
+            on_new_ledger=on_new_ledger,
+            stop=stop,
+            before_ledger=gate.arrive,
         )
         return {
             "stats": result.stats,
@@ -320,7 +336,7 @@ async def _run_one(
             "unsettled": result.unsettled,
         }
     if flow.kind == "transport":
-        return {"stats": await _run_transport(flow, ledger, stop, gate, settled)}
+        return {"stats": await _run_transport(flow, report, stop, gate, settled)}
     from onceq.dirq.run import consume_flow as consume_dir
 
     stats = await consume_dir(
@@ -330,13 +346,14 @@ async def _run_one(
         until_empty=until_empty,
         on_settled=settled,
         before_ledger=gate.arrive,
+        on_new_ledger=on_new_ledger,
     )
     return {"stats": stats}
 
 
 async def _run_transport(
     flow: Flow,
-    ledger: Path,
+    report: RunReport,
     stop: Stop,
     gate: Gate,
     on_settled: Callable[[Sequence[Entry]], None] | None,
@@ -348,7 +365,9 @@ async def _run_transport(
     await gate.arrive()
     handler = flow.handler()
     try:
-        with open_ledger(flow, ledger, "memory") as book:
+        with open_ledger(flow, report.ledger, "memory") as book:
+            if book.created:
+                report.created = True
             # The flow's own policies (the Python API's defaults: 1 immediate retry and
             # the delayed tiers, the breaker on with a call effect), as every transport.
             consumer = Consumer(

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceq.consumer import Consumer, Stats
-from onceq.ledger import Entry, Ledger
+from onceq.ledger import Entry
+from onceq.ledger_target import Target, as_target, describe
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -41,11 +42,15 @@ DEFAULT_PREFETCH = 5
 DEFAULT_TIMEOUT = 10.0
 
 
-def default_db(fallback_dir: Path | None = None) -> Path:
-    """EAI_MQ_DB, else processed.db in `fallback_dir` (the lab folder) or the cwd."""
+def default_db(fallback_dir: Path | None = None) -> Target:
+    """EAI_MQ_DB, else processed.db in `fallback_dir` (the lab folder) or the cwd.
+
+    EAI_MQ_DB may be a postgresql:// URL (a ledger shared by consumers on many hosts);
+    a mistyped one is refused here, naming the variable, its password masked.
+    """
     env = os.environ.get(ENV_DB)
     if env:
-        return Path(env)
+        return as_target(env, ENV_DB)
     return (fallback_dir or Path.cwd()) / DEFAULT_DB
 
 
@@ -58,7 +63,7 @@ class ConsumeOptions:
     """
 
     claim_url: str = ""
-    db: Path = Path(DEFAULT_DB)
+    db: Target = Path(DEFAULT_DB)  # a path or a postgresql:// URL
     prefetch: int = DEFAULT_PREFETCH
     max_seconds: float | None = None
     timeout: float = DEFAULT_TIMEOUT
@@ -74,7 +79,7 @@ class ConsumeOptions:
 class ConsumeResult:
     stats: Stats
     unsettled: int
-    db: Path
+    db: Target
     aborted: bool = False  # a second signal cut the grace short
     signal: int | None = None  # the first stop signal, if one came
     abort_signal: int | None = None  # the signal that cut the grace short (aborted)
@@ -84,7 +89,7 @@ class ConsumeResult:
         out = {
             **self.stats.as_dict(),
             "unsettled": self.unsettled,
-            "db": str(self.db),
+            "db": describe(self.db),  # a URL without its password
             "aborted": self.aborted,
         }
         if self.drained is not None:
@@ -98,7 +103,7 @@ def consume(
     *,
     flow: Flow | None = None,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
-    on_new_ledger: Callable[[Path], None] | None = None,
+    on_new_ledger: Callable[[Target], None] | None = None,
 ) -> ConsumeResult:
     """Run a consumer until the deadline or a signal; returns what it did.
 
@@ -121,7 +126,7 @@ async def consume_flow(
     opts: ConsumeOptions,
     *,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
-    on_new_ledger: Callable[[Path], None] | None = None,
+    on_new_ledger: Callable[[Target], None] | None = None,
     stop: Stop | None = None,
     before_ledger: Callable[[], Awaitable[None]] | None = None,
 ) -> ConsumeResult:
@@ -156,7 +161,7 @@ async def consume_flow(
         tiers=tuple(zip(topology.retry_delays, topology.retry_queues, strict=True)),
     )
     loop = asyncio.get_running_loop()
-    ledger: Ledger | None = None
+    ledger: Any = None  # Ledger | PgLedger (onceq.ledger_target.open_ledger)
     signals = stop.installed() if own_signals else contextlib.nullcontext(stop)
     try:
         # Broker first, then the ledger, then consuming: a run that the broker refuses

@@ -35,7 +35,7 @@ def demo(root: Path, as_json: bool) -> None:
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.report import write_report
     from onceq.dirq.run import consume
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
     from onceq.sample import sample_dir
 
     if root.exists() and not (root / MARKER).exists():
@@ -50,7 +50,7 @@ def demo(root: Path, as_json: bool) -> None:
     queue = DirQueue(root)
     queued = queue.init(sample_dir())
     stats = consume(root)
-    with Ledger(queue.default_db) as ledger:
+    with open_ledger(queue.default_db) as ledger:
         dup_path, err_path = write_report(queue, ledger)
         rows = check_order(ledger)
         counts = queue.counts()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.dirq_dead import dead, replay
 from onceq.cli.dirq_results import (
     DB_HELP,
@@ -21,6 +22,7 @@ from onceq.cli.dirq_results import (
 from onceq.cli.flow_options import flow_options
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
+from onceq.ledger_target import Target
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -62,7 +64,7 @@ def init(qdir: Path, source: Path | None) -> None:
 
 @dirq.command()
 @click.argument("qdir", type=QDIR)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@db_option(DB_HELP)
 @click.option(
     "--workers",
     default=1,
@@ -87,7 +89,7 @@ def init(qdir: Path, source: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     qdir: Path,
-    db: Path | None,
+    db: Target | None,
     workers: int,
     required: str | None,
     max_bytes: int,
@@ -188,7 +190,7 @@ def _base_flow(
     )
 
 
-def _run_consume(flow: Any, db: Path | None, workers: int) -> Stats:
+def _run_consume(flow: Any, db: Target | None, workers: int) -> Stats:
     from onceq.cli.progress import live_progress
     from onceq.dirq.run import DEAD_WORD, consume, consume_parallel
 

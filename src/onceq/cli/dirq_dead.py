@@ -11,9 +11,11 @@ from pathlib import Path
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.dirq_results import DB_HELP, QDIR, READ_FLOW_HELP
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json, note_new_ledger
+from onceq.ledger_target import Target
 
 
 @click.group()
@@ -29,10 +31,10 @@ def dead() -> None:
 @dead.command("list")
 @click.argument("qdir", type=QDIR)
 @click.option("--reason", metavar="R", help="Only the files that died of this reason (exact).")
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@db_option(DB_HELP)
 @flow_name_option(READ_FLOW_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the files as a JSON list.")
-def list_(qdir: Path, reason: str | None, db: Path | None, flow_name: str, as_json: bool) -> None:
+def list_(qdir: Path, reason: str | None, db: Target | None, flow_name: str, as_json: bool) -> None:
     """List the files in QDIR/error/ with what the ledger knows of each.
 
     One line per file, in name order: the file, its reason (`unknown` when the
@@ -48,10 +50,10 @@ def list_(qdir: Path, reason: str | None, db: Path | None, flow_name: str, as_js
     """
     from onceq.dirq.dead import dead_files
     from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     queue = DirQueue(qdir).check()
-    with Ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
+    with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         files = dead_files(queue, ledger, reason)
     if as_json:
         emit_json([f.as_dict() for f in files])
@@ -68,7 +70,7 @@ def list_(qdir: Path, reason: str | None, db: Path | None, flow_name: str, as_js
 @click.argument("file", required=False)
 @click.option("--all", "everything", is_flag=True, help="Replay every file in error/.")
 @click.option("--reason", metavar="R", help="Replay the files that died of this reason.")
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@db_option(DB_HELP)
 @flow_name_option("The flow that quarantined FILE (its replay is recorded under that flow).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def replay(
@@ -76,7 +78,7 @@ def replay(
     file: str | None,
     everything: bool,
     reason: str | None,
-    db: Path | None,
+    db: Target | None,
     flow_name: str,
     as_json: bool,
 ) -> None:
@@ -119,15 +121,15 @@ def replay(
         _replay_many(qdir, everything, reason, db, flow_name, as_json)
 
 
-def _replay_one(qdir: Path, file: str, db: Path | None, flow_name: str, as_json: bool) -> None:
+def _replay_one(qdir: Path, file: str, db: Target | None, flow_name: str, as_json: bool) -> None:
     from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     queue = DirQueue(qdir)
 
     def record(name: str) -> None:
         # Opened only once every check has passed: a refusal never creates the ledger.
-        with Ledger(db or queue.default_db, flow=flow_name) as ledger:
+        with open_ledger(db or queue.default_db, flow=flow_name) as ledger:
             if ledger.created:
                 note_new_ledger(ledger.path)
             ledger.record_replay(name)
@@ -140,15 +142,20 @@ def _replay_one(qdir: Path, file: str, db: Path | None, flow_name: str, as_json:
 
 
 def _replay_many(
-    qdir: Path, everything: bool, reason: str | None, db: Path | None, flow_name: str, as_json: bool
+    qdir: Path,
+    everything: bool,
+    reason: str | None,
+    db: Target | None,
+    flow_name: str,
+    as_json: bool,
 ) -> None:
     from onceq.dirq.dead import replay_files, select
     from onceq.dirq.queue import DirQueue
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     queue = DirQueue(qdir).check()
     # The reasons are the ledger's: a bulk replay reads it and never creates it.
-    with Ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
+    with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         files = select(queue, ledger, everything=everything, reason=reason)
         filter = {"all": True} if everything else {"reason": reason}
         op = replay_files(queue, ledger, files, filter)

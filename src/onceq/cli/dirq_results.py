@@ -12,15 +12,20 @@ from typing import Any
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json
+from onceq.ledger_target import Target
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
 # the same in every command (click's own file_okay check would make a file exit 2).
 QDIR = click.Path(path_type=Path)
 NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
 DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
-DB_HELP = "Ledger database (default: QDIR/ledger.db); its folder must exist."
+DB_HELP = (
+    "Ledger: an SQLite file (default: QDIR/ledger.db; its folder must exist) or a"
+    " postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger)."
+)
 READ_FLOW_HELP = "The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME])."
 
 
@@ -98,7 +103,7 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
 
 @click.command("order-check")
 @click.argument("qdir", type=QDIR, required=False)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@db_option(DB_HELP)
 @click.option(
     "--sql",
     "sql_file",
@@ -115,7 +120,7 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def order_check(
     qdir: Path | None,
-    db: Path | None,
+    db: Target | None,
     sql_file: Path | None,
     output: Path | None,
     flow_name: str,
@@ -141,7 +146,7 @@ def order_check(
     from onceq.dirq.order import read_sql, render, run_check
     from onceq.dirq.queue import DirQueue
     from onceq.errors import UsageError
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     if db is None and qdir is None:
         raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
@@ -149,7 +154,7 @@ def order_check(
     sql = read_sql(sql_file) if sql_file is not None else None
     label = "order_no" if flow_name == "default" else "group"
     # A check never creates a ledger.
-    with Ledger(path, flow=flow_name, create=False) as ledger:
+    with open_ledger(path, flow=flow_name, create=False) as ledger:
         columns, rows = run_check(ledger, sql, label)
     text = render(columns, rows)
     if output is not None:
@@ -172,10 +177,10 @@ def order_check(
 
 @click.command()
 @click.argument("qdir", type=QDIR)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), help=DB_HELP)
+@db_option(DB_HELP)
 @flow_name_option(READ_FLOW_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
+def report(qdir: Path, db: Target | None, flow_name: str, as_json: bool) -> None:
     """Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.
 
     dup.txt: every msg_id ever ignored as a duplicate, ascending, one a line.
@@ -190,10 +195,10 @@ def report(qdir: Path, db: Path | None, flow_name: str, as_json: bool) -> None:
     """
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.report import write_report
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     queue = DirQueue(qdir).check()
-    with Ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
+    with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         dup, err = write_report(queue, ledger)
     dups = dup.read_text().split()
     rows = err.read_text().count("\n") - 1

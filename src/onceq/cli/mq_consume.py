@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import Any
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
 from onceq.errors import UsageError
+from onceq.ledger_target import Target, describe
 
 
 def cli_url() -> str:
@@ -53,10 +54,9 @@ def cli_url() -> str:
     type=click.IntRange(1, 65535),
     help="Unacked deliveries at most (basic_qos), handled concurrently.",
 )
-@click.option(
-    "--db",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Ledger database (default: EAI_MQ_DB, else ./processed.db); its folder must exist.",
+@db_option(
+    "Ledger: an SQLite file (default: EAI_MQ_DB, else ./processed.db; its folder must"
+    " exist) or a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger)."
 )
 @click.option(
     "--timeout",
@@ -78,7 +78,7 @@ def consume(
     required: str | None,
     max_seconds: float | None,
     prefetch: int,
-    db: Path | None,
+    db: Target | None,
     timeout: float,
     until_empty: bool,
     as_json: bool,
@@ -218,9 +218,9 @@ def _unfinished_batch(signum: int | None, max_seconds: float | None, queue: str)
     raise SystemExit(1)
 
 
-def _print_consume(result: Any, db: Path, queue: str) -> None:
+def _print_consume(result: Any, db: Target, queue: str) -> None:
     # "N unsettled", the JSON's key: deliveries a stop left unacked, back in the queue.
     tail = f", {result.unsettled} unsettled (back to {queue})" if result.unsettled else ""
     if result.drained:
         tail += f"; {queue} drained"
-    print_run_summary(result.stats, tail=f"{tail}; ledger {db}")
+    print_run_summary(result.stats, tail=f"{tail}; ledger {describe(db)}")

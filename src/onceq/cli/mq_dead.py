@@ -14,10 +14,12 @@ from typing import Any
 
 import click
 
+from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.mq_consume import cli_url
 from onceq.cli.output import console, emit_json
 from onceq.errors import NotFound, UsageError
+from onceq.ledger_target import Target as LedgerTarget
 
 JSON_HELP = "Print the outcome as JSON."
 FILTER_OPTIONS = ("all_", "ids", "reason")
@@ -29,7 +31,7 @@ class Target:
 
     url: str
     topology: Any
-    db: Path
+    db: LedgerTarget  # a path or a postgresql:// URL (never printed as it is: `describe`)
     flow: str
     id_field: str | None
 
@@ -63,11 +65,9 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Take the names, the id rule and the ledger from this flow file's --flow.",
         ),
         flow_name_option("The flow's name in the ledger (with --flows: which flow of FILE)."),
-        click.option(
-            "--db",
-            type=click.Path(path_type=Path, dir_okay=False),
-            help="Ledger database (default: EAI_MQ_DB, else ./processed.db; with --flows,"
-            " the file's ledger).",
+        db_option(
+            "Ledger: a path or a postgresql:// URL (default: EAI_MQ_DB, else ./processed.db;"
+            " with --flows, the file's ledger)."
         ),
         click.option("--json", "as_json", is_flag=True, help=JSON_HELP),
     ]
@@ -101,7 +101,7 @@ def resolve(values: dict[str, Any]) -> Target:
     )
 
 
-def _from_flow_file(flow_file: Path, flow_name: str, db: Path | None) -> Target:
+def _from_flow_file(flow_file: Path, flow_name: str, db: LedgerTarget | None) -> Target:
     """--flows FILE: the flow --flow names (its default, `default`, may be left out when
     the file has one rabbitmq flow)."""
     from onceq.amqp.topology import Topology
@@ -136,13 +136,14 @@ def open_ledger(target: Target) -> Any:
     """The flow's ledger, never created: a dead-letter command on a wrong --db must say
     so, not make an empty ledger that knows no reason and records the operation away
     from the consumer's."""
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import describe, open_ledger
 
     try:
-        return Ledger(target.db, "amqp", flow=target.flow, create=False)
+        return open_ledger(target.db, "amqp", flow=target.flow, create=False)
     except NotFound:
         raise NotFound(
-            f"{target.db}: no ledger here; give the consumer's ledger with --db (or EAI_MQ_DB)"
+            f"{describe(target.db)}: no ledger here; give the consumer's ledger with --db"
+            " (or EAI_MQ_DB)"
         ) from None
 
 

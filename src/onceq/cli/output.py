@@ -105,8 +105,12 @@ def note_new_ledger(path: object) -> None:
     in front of is applied again. On stderr (stdout may be JSON), once per run."""
     # On a terminal a progress line may be drawn: start at column 0 on a clean line, so
     # the note is a line of its own (the progress line is redrawn below it).
+    from onceq.ledger_target import describe
+
     clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
-    sys.stderr.write(f"{clear}onceq: new ledger at {path}: no message seen before\n")
+    # describe: a PostgreSQL ledger is named by its URL, shown without its password.
+    where = describe(path if isinstance(path, str) else str(path))
+    sys.stderr.write(f"{clear}onceq: new ledger at {where}: no message seen before\n")
 
 
 class Seconds(click.FloatRange):

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.ledger_target import describe as describe_target
 
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
@@ -34,7 +35,9 @@ def check(file: Path, as_json: bool) -> None:
 
     Reads FILE, resolves each ${ENV} and imports each function it names, and
     checks every key; it opens no ledger, queue folder or broker connection.
-    A flow file holds one ledger and one [flows.NAME] table per flow: a source
+    A flow file holds one ledger (a path, or a postgresql:// URL: a ledger shared
+    by consumers on many hosts, e.g. ledger = "postgresql://onceq:${PGPASSWORD}@db/app")
+    and one [flows.NAME] table per flow: a source
     (dirq: path; rabbitmq: queue, url, exchange, …), the message (id_field,
     required, group_field, seq_field, keep), an effect ([flows.NAME.http],
     [flows.NAME.python] function = "module:func", [flows.NAME.sql]), and
@@ -77,12 +80,14 @@ def check(file: Path, as_json: bool) -> None:
         for f in ff.flows
     ]
     if as_json:
-        emit_json({"file": str(file), "ledger": str(ff.ledger), "flows": rows, "ok": True})
+        emit_json(
+            {"file": str(file), "ledger": describe_target(ff.ledger), "flows": rows, "ok": True}
+        )
         return
     for f, r in zip(ff.flows, rows, strict=True):
         sql = " + sql" if r["sql"] else ""
         click.echo(f"{file}: flow {r['name']}: {r['source']} -> {r['effect']}{sql}; {summary(f)}")
-    click.echo(f"{file}: OK, {len(rows)} flow(s), ledger {ff.ledger}")
+    click.echo(f"{file}: OK, {len(rows)} flow(s), ledger {describe_target(ff.ledger)}")
 
 
 def _effect_word(flow: Any) -> str:
@@ -170,7 +175,7 @@ def run(
                 if report.drained[name]:
                     tail += "; drained"
             print_run_summary(stats, head=f"{name}: ", tail=tail)
-        click.echo(f"ledger {ff.ledger}")
+        click.echo(f"ledger {describe_target(ff.ledger)}")
     if until_empty and not report.finished:
         if report.signal is not None:
             name = signal.Signals(report.signal).name

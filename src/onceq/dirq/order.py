@@ -19,12 +19,20 @@ messages claim the same place in an order.
 
 A user's query (--sql FILE) runs instead of the default, read-only (the ledger sets
 `query_only`); whatever rows it returns are the problems.
+
+On a PostgreSQL ledger the default query is the same text translated once
+(`pg_sql`): PostgreSQL has string_agg, not group_concat, wants a name for every
+subquery in FROM (before version 16), sorts NULLs last and text by the database's
+locale. The translation makes it return the very rows SQLite returns, in the same
+order (NULLs first, text in byte order: COLLATE "C"), so one queue gives one result
+whichever ledger it uses. A user's --sql is the user's own dialect, run as given.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +113,56 @@ def flow_sql(flow: str, group_label: str = "order_no") -> str:
     return f"-- onceq order check of the flow {flow}\nWITH numbered{body}"
 
 
+def pg_sql(sql: str) -> str:
+    """DEFAULT_SQL (or `flow_sql`'s) in PostgreSQL's dialect, returning SQLite's rows.
+
+    Only the default query's own constructs are translated (it is text we wrote, so
+    the patterns are exact): group_concat → string_agg ordered by the id, a name for
+    each FROM subquery, NULLS FIRST and byte order (COLLATE "C") in the final sort.
+    """
+    sql = re.sub(
+        r"group_concat\((\w+), ' '\)", r"""string_agg(\1, ' ' ORDER BY \1 COLLATE "C")""", sql
+    )
+    out, depth, names, opened = [], 0, 0, []
+    i = 0
+    while i < len(sql):
+        if sql.startswith("FROM (", i):
+            out.append("FROM (")
+            depth += 1
+            opened.append(depth)
+            i += len("FROM (")
+            continue
+        ch = sql[i]
+        out.append(ch)
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if opened and opened[-1] == depth:
+                opened.pop()
+                names += 1
+                out.append(f" AS s{names}")
+            depth -= 1
+        i += 1
+    sql = "".join(out)
+    return sql.replace(
+        "\nORDER BY order_no, seq_from, problem;",
+        '\nORDER BY order_no COLLATE "C" NULLS FIRST, seq_from NULLS FIRST, problem COLLATE "C";',
+    )
+
+
 def run_check(
     ledger: Ledger, sql: str | None = None, group_label: str = "order_no"
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(columns, rows) of the order query; no rows means the order is intact.
 
-    Without `sql`, the ledger's own flow is checked (`flow_sql`).
+    Without `sql`, the ledger's own flow is checked (`flow_sql`), in the ledger's
+    dialect (`pg_sql` on PostgreSQL).
     """
-    return ledger.query(sql if sql is not None else flow_sql(ledger.flow, group_label))
+    if sql is None:
+        sql = flow_sql(ledger.flow, group_label)
+        if getattr(ledger, "kind", "sqlite") == "postgresql":
+            sql = pg_sql(sql)
+    return ledger.query(sql)
 
 
 def check_order(ledger: Ledger, sql: str | None = None) -> list[tuple[Any, ...]]:

@@ -104,6 +104,7 @@ async def consume_flow(
     until_empty: bool = True,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
     before_ledger: Callable[[], Awaitable[None]] | None = None,
+    on_new_ledger: Callable[[str | Path], None] | None = None,
 ) -> Stats:
     """One consumer of a directory-queue flow: the loop `dirq consume` and `onceq run` share.
 
@@ -112,7 +113,8 @@ async def consume_flow(
     is due; a stop wakes it). Otherwise it keeps looking at the queue (every
     POLL_SECONDS when idle) until `stop`. `before_ledger` is awaited once the
     queue folder is checked and before the ledger is opened (a run of several flows
-    opens no ledger until every source is known good).
+    opens no ledger until every source is known good). `on_new_ledger(target)` is
+    called when this open made the ledger's tables (it has seen no message).
     """
     from onceq.consumer import no_effect
     from onceq.flow import close_effect, open_ledger
@@ -126,6 +128,8 @@ async def consume_flow(
             open_ledger(flow, db or queue.default_db, "dirq") as ledger,
             Worker(queue, flow.message.max_bytes, follow=not until_empty) as worker,
         ):
+            if ledger.created and on_new_ledger is not None:
+                on_new_ledger(db or queue.default_db)
             # One Consumer for the whole run, not one per poll: the breaker's state
             # (and the loop's one-copy-in-flight guard) must outlive an idle moment.
             consumer = Consumer(

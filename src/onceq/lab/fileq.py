@@ -65,12 +65,12 @@ def consume_and_report(qdir: Path) -> dict[str, Any]:
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.report import write_report
     from onceq.dirq.run import consume
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
     queue = DirQueue(qdir).check()
     new_ledger = not queue.default_db.exists()
     stats = consume(qdir)
-    with Ledger(queue.default_db) as ledger:
+    with open_ledger(queue.default_db) as ledger:
         dup, err = write_report(queue, ledger)
         rows = ledger.counts()["processed"]
     return {
@@ -162,9 +162,9 @@ def order_result(q: Path) -> tuple[str, int]:
     """Run q/order-check.sql over q/ledger.db into q/order-result.txt; (first line, rows)."""
     from onceq.dirq.files import write_atomic
     from onceq.dirq.order import read_sql, render, run_check
-    from onceq.ledger import Ledger
+    from onceq.ledger_target import open_ledger
 
-    with Ledger(q / "ledger.db", create=False) as ledger:
+    with open_ledger(q / "ledger.db", create=False) as ledger:
         columns, rows = run_check(ledger, read_sql(q / "order-check.sql"))
     text = render(columns, rows)
     write_atomic(q, "order-result.txt", text.encode())
