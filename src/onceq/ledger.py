@@ -222,6 +222,24 @@ class Ledger(LedgerOps):
         )
         return None if row is None else (row[0] or "")
 
+    def processed_refs(self, msg_ids: Iterable[str]) -> dict[str, str]:
+        """`processed_ref` of many msg_ids in one read: {msg_id: ref} of those seen.
+
+        For a caller that checks a batch (one loop tick's deliveries): on a
+        PostgreSQL ledger one query instead of one round trip per message.
+        """
+        ids = sorted({m for m in msg_ids if isinstance(m, str)})
+        out: dict[str, str] = {}
+        for i in range(0, len(ids), 500):  # far below SQLite's 32766 bound parameters
+            chunk = ids[i : i + 500]
+            rows = self._rows(
+                "SELECT msg_id, ref FROM messages WHERE flow = ? AND msg_id IN"
+                f" ({','.join('?' * len(chunk))})",
+                (self.flow, *chunk),
+            )[1]
+            out.update((m, r or "") for m, r in rows)
+        return out
+
     def counts(self, *, all_flows: bool = False) -> dict[str, int]:
         """Rows per table for this flow ('processed' = messages that took effect), or
         for every flow in the file with all_flows=True."""

@@ -84,12 +84,14 @@ class LedgerOps:
 
     def failed_attempts(self, msg_id: str) -> int:
         """Failures of msg_id since its last replay: the attempts it has spent."""
-        row = self._q1(_ATTEMPTS, (self.flow, msg_id))
+        # text(): the failures row holds the msg_id as `record_failure` wrote it (a NUL
+        # or a lone surrogate escaped), so the count finds it under the same form.
+        row = self._q1(_ATTEMPTS, (self.flow, text(msg_id)))
         return int(row[0]) if row else 0
 
     def failures_in(self, conn: sqlite3.Connection, msg_id: str | None) -> int:
         """failed_attempts inside the writer's open transaction."""
-        return int(conn.execute(_ATTEMPTS, (self.flow, msg_id)).fetchone()[0])
+        return int(conn.execute(_ATTEMPTS, (self.flow, text(msg_id))).fetchone()[0])
 
     # --- dead letters ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from onceq.ledger_rows import chunks
 
 if TYPE_CHECKING:
     from onceq.ledger import Entry
+    from onceq.pg.sql import PgTx
 
 DDL = """
 CREATE TABLE IF NOT EXISTS processed (
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS processed (
 """
 
 
-def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
+def write_rows(tx: sqlite3.Connection | PgTx, entries: list[Entry]) -> None:
     """One INSERT per chunk of the entries that took effect (their dedup rows are in).
 
     The chunks are `onceq.ledger_rows.chunks`: the won entries of a group number
@@ -64,6 +65,11 @@ def write_rows(tx: sqlite3.Connection, entries: list[Entry]) -> None:
     `messages` is an inconsistency a person made, and the ledger refuses that one
     message (ledger-refused) instead of letting the two tables disagree silently.
     """
+    from onceq.pg.sql import PgTx
+
+    if isinstance(tx, PgTx):
+        _write_rows_pg(tx, entries)
+        return
     for chunk in chunks(entries):
         # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
         # processed_at and source are the group's, bound once (`_insert_many`).
@@ -84,6 +90,48 @@ def _insert_many(rows: int) -> str:
         "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
         " VALUES " + ",".join([row] * rows)
     )
+
+
+# On PostgreSQL one statement per group whatever its size (the messages insert's form,
+# `onceq.pg.rows`): six arrays bound in binary, one prepared text.
+_INSERT_PG = (
+    "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
+    " SELECT %b::text, %b::text, m, o, s, a, r"
+    " FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::float8[], %b::text[])"
+    " AS u(m, o, s, a, r)"
+)
+
+
+def _number(amount: Any) -> float:
+    try:
+        return float(amount)
+    except (TypeError, ValueError, OverflowError):
+        import psycopg
+
+        # A DataError: the message's row fault (ledger-refused), never the group's.
+        raise psycopg.DataError(f"amount {amount!r}: not a number") from None
+
+
+def _write_rows_pg(tx: PgTx, entries: list[Entry]) -> None:
+    if not entries:
+        return
+    m: list[Any] = []
+    o: list[Any] = []
+    s: list[Any] = []
+    a: list[Any] = []
+    r: list[Any] = []
+    for e in entries:
+        row = e.row
+        m.append(row[1])
+        o.append(row[2])
+        s.append(row[3])
+        amount = (e.fields.get("kept") or {}).get("amount")
+        # float8[]: SQLite's REAL column takes what it is given; here a non-number
+        # amount refuses its message (ledger-refused), as a bad value does.
+        a.append(None if amount is None else _number(amount))
+        r.append(row[8])
+    first = entries[0].row
+    tx.conn.cursor().execute(_INSERT_PG, (first[6], first[7], m, o, s, a, r))
 
 
 PROCESSED_TABLE = SqlEffect(

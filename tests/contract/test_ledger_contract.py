@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onceq.effect import Reject, Retry, SqlEffect
 from onceq.errors import LedgerError, NotFound, UsageError
@@ -343,3 +345,326 @@ def test_a_function_that_ends_the_transaction_fails_the_group(inv_ledger: Any, h
 def test_a_bad_setup_is_one_ledger_error(ledger_target: str) -> None:
     with pytest.raises(LedgerError, match="setup failed"):
         open_ledger(ledger_target, sql=SqlEffect(save, setup="CREATE TABLE ("))
+
+
+# --- values a ledger cannot store --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("msg_id", "m\ud800", "lone surrogate"),
+        ("group", "g\udcff", "lone surrogate"),
+        ("seq", 2**70, "64-bit"),
+        ("kept", {"x": float("nan")}, "kept"),
+    ],
+)
+def test_an_unstorable_value_refuses_its_message_alone(
+    ledger_target: str, field: str, value: Any, why: str
+) -> None:
+    with open_ledger(ledger_target) as ledger:
+        bad = success("m-bad", "bad.json")
+        if field == "msg_id":
+            bad.delivery.msg_id = value
+        else:
+            bad.fields[field] = value
+        good = success("m-good", "good.json")
+        ledger.commit([good, bad])
+        assert good.kind is Kind.SUCCESS
+        assert (bad.kind, bad.settle, bad.reason) == (Kind.REJECTED, Settle.DEAD, "ledger-refused")
+        assert why in bad.detail
+        assert [r["ref"] for r in ledger.dead_letters()] == ["bad.json"]
+        assert ledger.counts()["processed"] == 1
+
+
+def test_a_ref_that_is_not_utf8_is_recorded_and_found_again(ledger_target: str) -> None:
+    ref = "bad-\udcff.json"  # a file name that is not UTF-8, as os.listdir gives it
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([success("m1", ref)])
+        assert ledger.processed_ref("m1") == "bad-\\udcff.json"
+        d = Delivery(b"{}", ref, "m1", stable_ref=True, redelivered=True)
+        again = Entry(d, Kind.SUCCESS, Settle.ACK)
+        ledger.commit([again])
+        assert again.recovered  # its escaped ref is matched as written
+
+
+# --- attempts, replays, dead letters, the dead-letter operations' audit ------------------
+
+
+def raw(target: str, sql: str) -> list[tuple[Any, ...]]:
+    """Run `sql` on the ledger's database directly (as an operator would)."""
+    if is_pg_url(target):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute("SET search_path = onceq")
+            cur = conn.execute(sql)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+    import sqlite3
+
+    conn = sqlite3.connect(target, isolation_level=None)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def dead(
+    msg_id: str, ref: str, settle: Settle = Settle.DEAD, reason: str = "http-503", **kw: Any
+) -> Entry:
+    return Entry(Delivery(b"{}", ref, msg_id), Kind.TRANSIENT, settle, reason, **kw)
+
+
+def test_a_replay_resets_the_attempts_of_its_message_only(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([dead("m1", "r1", Settle.REQUEUE), dead("m2", "r2")])
+        ledger.commit([dead("m1", "r1")])
+        assert (ledger.failed_attempts("m1"), ledger.failed_attempts("m2")) == (2, 1)
+        ledger.record_replay("r1")  # by ref: the newest failure of r1 names m1
+        assert (ledger.failed_attempts("m1"), ledger.failed_attempts("m2")) == (0, 1)
+        ledger.commit([dead("m1", "r1b", Settle.REQUEUE)])
+        assert ledger.failed_attempts("m1") == 1
+        with ledger._transaction() as conn:
+            assert ledger.failures_in(conn, "m1") == 1
+        ledger.record_replay("elsewhere", "m1")
+        assert ledger.failed_attempts("m1") == 0
+        assert [r["msg_id"] for r in ledger.dead_letters()] == ["m2", "m1"]
+
+
+def test_failure_details_are_capped_and_delays_recorded(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        delayed = dead("m1", "r1", Settle.DELAY, detail="x" * 1_000_000)
+        delayed.delivery.delay = 30.0
+        requeued = dead("m2", "r2", Settle.REQUEUE, detail="y" * 499 + "\udcff" * 10)
+        requeued.delivery.delay = 7.0  # stale: only a DELAY's delay is recorded
+        ledger.commit([delayed, requeued, dead("m3", "r3")])
+    assert raw(
+        ledger_target, "SELECT msg_id, action, delay_s, length(detail) FROM failures ORDER BY id"
+    ) == [("m1", "delay", 30.0, 500), ("m2", "requeue", None, 500), ("m3", "dead", None, 0)]
+
+
+def test_dead_letters_filter_by_reason_and_time(ledger_target: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([dead("m1", "r1", reason="http-422")])
+        ledger.commit([dead("m2", "r2"), dead("m3", "r3", Settle.REQUEUE)])
+        raw(ledger_target, "UPDATE failures SET at = '2000-01-01T00:00:00+00:00' WHERE msg_id='m1'")
+        assert [r["msg_id"] for r in ledger.dead_letters()] == ["m1", "m2"]
+        assert [r["msg_id"] for r in ledger.dead_letters(reason="http-422")] == ["m1"]
+        assert ledger.dead_letters(reason="http-4") == []  # exact, not a prefix
+        hour_ago = datetime.now(UTC) - timedelta(hours=1)
+        assert [r["msg_id"] for r in ledger.dead_letters(since=hour_ago)] == ["m2"]
+        naive = hour_ago.replace(tzinfo=None)  # a naive time is UTC
+        assert [r["msg_id"] for r in ledger.dead_letters(since=naive)] == ["m2"]
+        assert [r["msg_id"] for r in ledger.dead_letters(since="1999-12-31")] == ["m1", "m2"]
+        row = ledger.dead_letters(reason="http-503", since=hour_ago)[0]
+        assert set(row) == {"msg_id", "ref", "reason", "detail", "attempt", "at"}
+        assert (row["msg_id"], row["attempt"]) == ("m2", 1)
+
+
+def test_dead_info_is_the_newest_death_and_the_attempts_since_the_last_replay(
+    ledger_target: str,
+) -> None:
+    with open_ledger(ledger_target) as ledger, open_ledger(ledger_target, flow="x") as other:
+        ledger.commit([dead("m1", "r1", Settle.REQUEUE, detail="first")])
+        ledger.commit([dead("m1", "r1", detail="second")])
+        ledger.record_replay("r1", "m1")
+        ledger.commit([dead("m1", "r1", reason="http-422", detail="third")])
+        ledger.commit([dead("m2", "r2", Settle.REQUEUE)])  # not dead
+        other.commit([dead("m3", "r3")])  # another flow's
+        many = [f"n{i}" for i in range(1200)]  # more than one IN (…) list
+        ledger.commit([dead(m, m) for m in many])
+        info = ledger.dead_info(["m1", "m2", "m3", "nope", *many])
+    assert set(info) == {"m1", *many}
+    assert info["m1"]["reason"] == "http-422" and info["m1"]["detail"] == "third"
+    assert info["m1"]["attempts"] == 1 and info["m1"]["at"]
+    assert all(info[m]["attempts"] == 1 for m in many)
+
+
+def test_a_replay_operation_is_audited_with_its_count(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([dead(m, f"{m}.json") for m in ("a", "b", "c")])
+        op = ledger.start_op("amqp", "replay", {"reason": "http-503", "limit": None}, "claim.dead")
+        running = ledger.dead_ops()[0]
+        assert running["finished_at"] is None and running["count"] == 0
+        ledger.record_replays(op, [("tag-1", "a"), ("tag-2", "b")])
+        ledger.record_replays(op, [("c.json", None)])  # msg_id from its ref's failure
+        ledger.finish_op(op)
+        assert [ledger.failed_attempts(m) for m in "abc"] == [0, 0, 0]
+        (row,) = ledger.dead_ops()
+    assert row["id"] == op and row["flow"] == "default"
+    assert (row["transport"], row["op"], row["queue"]) == ("amqp", "replay", "claim.dead")
+    assert row["filter"] == {"reason": "http-503", "limit": None}
+    assert row["count"] == 3 and row["ids"] == [] and row["finished_at"] >= row["started_at"]
+    assert raw(ledger_target, "SELECT ref, msg_id, op, reset_after FROM replays ORDER BY id") == [
+        ("tag-1", "a", op, 1),
+        ("tag-2", "b", op, 2),
+        ("c.json", "c", op, 3),
+    ]
+
+
+def test_a_purge_is_audited_with_the_ids_it_removed(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        op = ledger.start_op("dirq", "purge", {"all": True}, "/q/error")
+        ledger.record_purged(op, ["a.json", "b.json"])
+        ledger.record_purged(op, ["bad-\udcff.json", "nul-\x00.json"])
+        (row,) = ledger.dead_ops()  # killed here: finished_at stays NULL
+    assert row["count"] == 4 and row["finished_at"] is None
+    assert row["ids"] == ["a.json", "b.json", "bad-\udcff.json", "nul-\x00.json"]
+
+
+def test_dead_ops_are_per_flow_newest_first_and_limited(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger, open_ledger(ledger_target, flow="x") as other:
+        ids = [ledger.start_op("amqp", "purge", {"n": i}, "q") for i in range(5)]
+        other.start_op("dirq", "replay", {}, "q2")
+        assert [r["id"] for r in ledger.dead_ops()] == ids[::-1]
+        assert [r["filter"]["n"] for r in ledger.dead_ops(limit=2)] == [4, 3]
+        assert [r["transport"] for r in other.dead_ops()] == ["dirq"]
+
+
+def test_an_unknown_operation_writes_nothing(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger, open_ledger(ledger_target, flow="x") as other:
+        ledger.commit([dead("a", "a.json")])
+        op = other.start_op("amqp", "replay", {}, "q")
+        with pytest.raises(LedgerError, match="no dead-letter operation"):
+            ledger.record_replays(op, [("a.json", "a")])  # another flow's operation
+        with pytest.raises(LedgerError, match="no dead-letter operation"):
+            ledger.record_purged(999, ["a"])
+        assert ledger.failed_attempts("a") == 1  # the replay row was rolled back with it
+        assert ledger.counts()["replays"] == 0
+        with pytest.raises(ValueError, match="transport"):
+            ledger.start_op("kafka", "replay", {}, "q")
+        with pytest.raises(ValueError, match="op"):
+            ledger.start_op("amqp", "delete", {}, "q")
+        assert ledger.dead_ops() == []
+
+
+# --- both kinds decide alike ---------------------------------------------------------------
+
+_entry = st.tuples(
+    st.sampled_from(["m0", "m1", "m2", "m3"]),  # msg_id: few, so copies meet
+    st.sampled_from(["a", "b", "c"]),  # ref
+    st.sampled_from([Kind.SUCCESS, Kind.SUCCESS, Kind.DUPLICATE, Kind.REJECTED, Kind.TRANSIENT]),
+    st.booleans(),  # redelivered
+    st.booleans(),  # stable_ref
+)
+_step = st.one_of(
+    st.lists(_entry, min_size=1, max_size=8),  # a group commit
+    st.tuples(st.sampled_from(["a", "b", "c"])),  # a replay of a ref
+)
+
+
+def _play(ledger: Any, steps: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    for step in steps:
+        if isinstance(step, tuple):
+            ledger.record_replay(step[0])
+            continue
+        group = []
+        for msg_id, ref, kind, redelivered, stable in step:
+            d = Delivery(b"{}", ref, msg_id, redelivered=redelivered, stable_ref=stable)
+            settle = {
+                Kind.SUCCESS: Settle.ACK,
+                Kind.DUPLICATE: Settle.ACK,
+                Kind.REJECTED: Settle.DEAD,
+                Kind.TRANSIENT: Settle.REQUEUE,
+            }[kind]
+            reason = "" if kind in (Kind.SUCCESS, Kind.DUPLICATE) else "why"
+            group.append(Entry(d, kind, settle, reason, fields={"group": "g", "seq": 1}))
+        ledger.commit(group)
+        seen.append([(e.kind, e.settle, e.reason, e.recovered) for e in group])
+    seen.append(ledger.counts())
+    seen.append(ledger.duplicate_ids())
+    seen.append([ledger.failed_attempts(m) for m in ("m0", "m1", "m2", "m3")])
+    seen.append([ledger.processed_ref(m) for m in ("m0", "m1", "m2", "m3")])
+    seen.append([{k: v for k, v in r.items() if k != "at"} for r in ledger.dead_letters()])
+    return seen
+
+
+@pytest.mark.pg
+def test_random_groups_give_the_same_outcomes_on_both_kinds(tmp_path: Any, pg_url: str) -> None:
+    """The same steps against an SQLite ledger and a PostgreSQL one: every verdict,
+    count, attempt and dead letter the same. One database and file for all examples,
+    a flow of its own per example (flows never see each other's rows)."""
+    examples = iter(range(10_000))
+    path = str(tmp_path / "l.db")
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(_step, min_size=1, max_size=6))
+    def check(steps: list[Any]) -> None:
+        flow = f"f{next(examples)}"
+        with open_ledger(path, flow=flow) as lite, open_ledger(pg_url, flow=flow) as pg:
+            assert _play(pg, steps) == _play(lite, steps)
+
+    check()
+
+
+def test_a_nul_in_an_id_never_breaks_the_reads_and_attempts_still_count(
+    ledger_target: str,
+) -> None:
+    """An AMQP message_id may hold a NUL: PostgreSQL cannot store it (the success is
+    refused there), but no read fails on it, and its failures count as attempts on
+    both kinds, so its retries end."""
+    with open_ledger(ledger_target) as ledger:
+        m = "id\x00x"
+        assert ledger.processed_ref(m) is None
+        ledger.commit([dead(m, "r1", Settle.REQUEUE)])
+        ledger.commit([dead(m, "r1", Settle.REQUEUE)])
+        assert ledger.failed_attempts(m) == 2
+        assert ledger.dead_info([m]) == {}
+        assert ledger.processed_refs([m, "other"]) == {}
+
+
+def test_processed_refs_reads_many_at_once(ledger_target: str) -> None:
+    with open_ledger(ledger_target) as ledger, open_ledger(ledger_target, flow="x") as other:
+        ledger.commit([success(f"m{i}", f"{i}.json") for i in range(700)])
+        other.commit([success("zz", "z.json")])
+        wanted = [f"m{i}" for i in range(0, 1400, 2)] + ["zz"]
+        got = ledger.processed_refs(wanted)
+        assert got == {f"m{i}": f"{i}.json" for i in range(0, 700, 2)}
+        assert ledger.processed_refs([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("group", "seq", "stored"),
+    [(12345, "7", ("12345", 7)), ("A", 7.0, ("A", 7)), (None, True, (None, 1))],
+)
+def test_a_number_group_and_an_integral_seq_are_stored_alike(
+    ledger_target: str, group: Any, seq: Any, stored: tuple[Any, Any]
+) -> None:
+    with open_ledger(ledger_target) as ledger:
+        e = success("m1", "a.json", group=group, seq=seq)
+        ledger.commit([e])
+        assert e.kind is Kind.SUCCESS
+        assert ledger.query("SELECT grp, seq FROM messages")[1] == [stored]
+
+
+def test_a_preset_amount_that_is_no_number_refuses_its_message_alone_on_postgresql(
+    pg_url: str,
+) -> None:
+    with open_ledger(pg_url, sql=PROCESSED_TABLE) as ledger:
+        good, bad = success("m1", "a.json", amount=1.5), success("m2", "b.json", amount="lots")
+        ledger.commit([good, bad])
+        assert good.kind is Kind.SUCCESS
+        assert (bad.kind, bad.reason) == (Kind.REJECTED, "ledger-refused")
+        assert "not a number" in bad.detail
+        assert ledger.query("SELECT msg_id, amount FROM processed")[1] == [("m1", 1.5)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM messages",
+        "SELECT 1; DELETE FROM messages",
+        "COMMIT; DELETE FROM messages",
+        "WITH d AS (DELETE FROM messages RETURNING 1) SELECT count(*) FROM d",
+    ],
+)
+def test_query_can_change_nothing(ledger_target: str, sql: str) -> None:
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([success("m1", "a.json")])
+        with pytest.raises(LedgerError):
+            ledger.query(sql)
+        assert ledger.query("SELECT count(*) AS n FROM messages") == (["n"], [(1,)])
+        assert ledger.counts()["processed"] == 1

@@ -120,10 +120,29 @@ class PgLedger(LedgerOps):
 
     def processed_ref(self, msg_id: str) -> str | None:
         """The ref that took effect for msg_id, '' when it has none, None when unseen."""
+        if "\x00" in msg_id:
+            return None  # PostgreSQL cannot hold it: such a message was never recorded
         row = self._q1(
             "SELECT ref FROM messages WHERE flow = ? AND msg_id = ?", (self.flow, msg_id)
         )
         return None if row is None else (row[0] or "")
+
+    def processed_refs(self, msg_ids: Iterable[str]) -> dict[str, str]:
+        """`processed_ref` of many msg_ids in ONE round trip: {msg_id: ref} of those
+        seen (see `Ledger.processed_refs`)."""
+        ids = sorted({m for m in msg_ids if isinstance(m, str) and "\x00" not in m})
+        if not ids:
+            return {}
+
+        def run(conn: psycopg.Connection[Any]) -> dict[str, str]:
+            cur = conn.cursor()
+            cur.execute(
+                "SELECT msg_id, ref FROM messages WHERE flow = %b AND msg_id = ANY(%b::text[])",
+                (self.flow, ids),
+            )
+            return {m: r or "" for m, r in cur.fetchall()}
+
+        return self._read_op(run)
 
     def counts(self, *, all_flows: bool = False) -> dict[str, int]:
         """Rows per table for this flow ('processed' = messages that took effect), or
@@ -170,7 +189,10 @@ class PgLedger(LedgerOps):
             with conn.transaction(force_rollback=True):
                 conn.execute("SET TRANSACTION READ ONLY")
                 cur = psycopg.RawCursor(conn)
-                cur.execute(sql)
+                # prepare=True: the extended protocol, which takes ONE statement.
+                # "COMMIT; DELETE …" as a simple query would end the read-only
+                # transaction and run the rest outside it (sqlite3 refuses it too).
+                cur.execute(sql, prepare=True)
                 if cur.description is None:
                     return [], []
                 return [c.name for c in cur.description], [tuple(r) for r in cur.fetchall()]

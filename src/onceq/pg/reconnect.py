@@ -129,12 +129,29 @@ class Reconnector:
 
     @contextlib.contextmanager
     def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """A group's transaction, its id noted first (for a lost COMMIT's verdict)."""
+        """A group's transaction, its id noted first (for a lost COMMIT's verdict).
+
+        BEGIN and the id in one round trip (two statements, no parameters: one simple
+        query), not psycopg's transaction() and a SELECT: a group is BEGIN, its
+        statements and COMMIT, and each round trip is time the group holds its rows'
+        locks. Nested conn.transaction() blocks inside are savepoints, as psycopg sees
+        the transaction open.
+        """
         self.xid = None
-        with conn.transaction():
-            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
-            self.xid = row[0] if row else None
+        cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
+        cur.nextset()
+        row = cur.fetchone()
+        self.xid = row[0] if row else None
+        try:
             yield
+        except BaseException:
+            if not (conn.closed or conn.broken) and (
+                conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def run_commit(
         self, ledger: PgLedger, attempt: Callable[[psycopg.Connection[Any]], None]
