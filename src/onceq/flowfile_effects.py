@@ -126,13 +126,16 @@ def sql_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
         return None
     w = f"{where}.sql"
     for k in table:
-        if k not in ("function", "setup"):
-            m.add(f"{w}.{k}", "unknown key (expected: function, setup)")
+        if k not in ("function", "setup", "setup_postgresql"):
+            m.add(f"{w}.{k}", "unknown key (expected: function, setup, setup_postgresql)")
     setup = get(table, "setup", str, m, w)
+    # The DDL for a PostgreSQL ledger when SQLite's would not do (types, AUTOINCREMENT);
+    # without it `setup` runs on both.
+    setup_pg = get(table, "setup_postgresql", str, m, w)
     fn = _function(table, m, w, base)
     if fn is None:
         return None
-    return SqlEffect(function=fn, setup=setup)
+    return SqlEffect(function=fn, setup=setup, setup_postgresql=setup_pg)
 
 
 def _function(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:

@@ -65,8 +65,9 @@ def as_target(value: str | Path, what: str = "--db") -> Target:
     if _MISTYPED_PG.match(text) or _OTHER_SCHEME.match(text):
         remember(text)
         raise UsageError(
+            # No '@' in the hint: the masking of stderr runs to the line's last '@'.
             f"{what} {redact_url(text)}: not a ledger path nor a postgresql:// URL"
-            " (a PostgreSQL ledger is postgresql://USER:PASSWORD@HOST:PORT/DATABASE)"
+            " (a shared ledger's URL starts with postgresql:// or postgres://)"
         )
     return Path(text)
 

@@ -151,7 +151,8 @@ def test_a_refused_rabbitmq_flow_leaves_the_queue_as_it_was(amqp_url: str, tmp_p
 @pytest.mark.parametrize("bad", ['ledger = 3\n[flows.a]\nsource = "dirq"\npath = "q"\n'])
 def test_top_level_mistakes(tmp_path: Path, bad: str) -> None:
     lines = _refused(tmp_path, bad)
-    assert lines == [f"onceq: {tmp_path / 'flows.toml'}: line 1: ledger: must be a path or a postgresql:// URL (text)"]
+    why = "must be a path or a postgresql:// URL (text)"
+    assert lines == [f"onceq: {tmp_path / 'flows.toml'}: line 1: ledger: {why}"]
 
 
 def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -> None:

@@ -248,12 +248,16 @@ def test_a_url_as_a_stray_argument_is_masked_in_clicks_usage_error(place: Path) 
     assert_no_leak(text, "pwSECRET7", ["pwSECRET7"], "stray argument")
 
 
-def test_a_url_as_ledger_path_is_masked(claims_vhost: str, place: Path, tmp_path: Path) -> None:
-    """EAI_MQ_DB set to a URL by mistake: refused (its folder does not exist), masked."""
+def test_a_ledger_url_that_cannot_be_reached_is_masked(
+    claims_vhost: str, place: Path, tmp_path: Path
+) -> None:
+    """EAI_MQ_DB a PostgreSQL URL whose host does not resolve: exit 8, one masked line
+    (issue 9: a postgres:// URL is a shared ledger now, no longer a mistaken path)."""
     env = _env(place, EAI_AMQP_URL=claims_vhost)
     env["EAI_MQ_DB"] = "postgres://app:dbSECRET9@db.example/ledger.db"
     r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", *EXERCISE, env=env, cwd=tmp_path)
-    assert r.returncode == 8 and "no such folder" in r.stderr, r.stderr
+    assert r.returncode == 8 and "cannot open the ledger" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert_no_leak(r.stdout + r.stderr, "dbSECRET9", ["dbSECRET9"], "EAI_MQ_DB")
     assert list(tmp_path.iterdir()) == []
 

@@ -1,0 +1,45 @@
+"""Helpers for the PostgreSQL-ledger CLI tests: the CLI in this process, a leak check.
+
+`in_process` runs `onceq ARGS` through its real entry point (the masking streams, the
+error mapping) with click's isolation capturing stdout and stderr, which is where the
+CLI's log lines go too: a few ms per command, so generated cases stay cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from click.testing import CliRunner
+
+SECRET = "s3cretpw"  # trust authentication accepts any password: a perfect leak probe
+SECRET_URL = "postgresql://postgres:" + SECRET + "@127.0.0.1:5432/"
+
+
+def with_secret(url: str) -> str:
+    """`url` (a pg_support URL, no password) with the probe password in it."""
+    return url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@", 1)
+
+
+def in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `onceq ARGS` run in this process."""
+    from onceq.cli import main
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    with CliRunner().isolation(env=env or {}) as (out, err, _):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        stdout = out.getvalue().decode("utf-8", "replace")
+        stderr = err.getvalue().decode("utf-8", "replace")
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+    return code, stdout, stderr
+
+
+def assert_no_leak(text: str, secrets: list[str], what: object = "") -> None:
+    leaked = [s for s in secrets if s and s in text]
+    assert not leaked, f"{what}: leaked {leaked}:\n{text}"
+    assert "Traceback" not in text, f"{what}:\n{text}"
