@@ -39,13 +39,14 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, mq, partner, run, sample
+    from onceq.cli import demo, dirq, lab, ledger_cmd, mq, partner, run, sample
 
     app.add_command(run.run)
     app.add_command(run.check)
     app.add_command(demo.demo)
     app.add_command(dirq.dirq)
     app.add_command(mq.mq)
+    app.add_command(ledger_cmd.ledger)
     app.add_command(partner.partner)
     app.add_command(lab.lab)
     app.add_command(sample.sample)
