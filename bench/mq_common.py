@@ -367,12 +367,15 @@ def run_consumer(
     limit: float = 150,
     checkout: Checkout | None = None,
     log: Path | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> ConsumerRun:
     """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
 
     --max-seconds is only a safety net: a consumer that stalls ends the bench. With a
     checkout (bench/compare.py), that checkout's interpreter and code run it. `db` is
     an SQLite path or a PostgreSQL URL (then `log` names the consumer's stderr file).
+    `before_stop` is called once every row is in, while the consumer (and its database
+    sessions) still run.
     """
     python = checkout.python if checkout else sys.executable
     env = checkout.env(vhost.env()) if checkout else vhost.env()
@@ -392,6 +395,8 @@ def run_consumer(
             time.sleep(every)
         wall = time.perf_counter() - t0
         cpu = process_cpu(proc.pid)
+        if before_stop is not None:
+            before_stop()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     if proc.returncode != 0 or ledger_count(db) < n:

@@ -134,20 +134,37 @@ def sessions(url: str) -> dict[str, int]:
     return {str(name): int(n) for name, n in rows.fetchall()}
 
 
-def postgres_pids() -> list[int]:
-    """Every process of the local server (postmaster, backends, walwriter, checkpointer …).
+def server_pids(url: str) -> list[int]:
+    """The server's processes that work for the ledger at `url`: its database's backends
+    (the bench's own reader apart), the shared background processes (walwriter,
+    checkpointer, background writer, autovacuum …) and the postmaster.
 
-    A backend is forked per connection and can end during a run; its CPU then leaves
-    the tally with it. The benches read these at the start and end of a window in
-    which the consumers' connections stay open, so the ones that matter are alive at
-    both ends.
+    Backends of other databases are left out: on a machine that runs other things
+    against the same server they are not the ledger's cost. A backend lives as long as
+    its connection: read these while the consumers are connected (their CPU goes with
+    them when they disconnect).
     """
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if "(postgres)" in stat or "(postmaster)" in stat:
-            pids.append(int(pid))
+    rows = _reader(url).execute(
+        "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND (datname = current_database() OR backend_type <> 'client backend')"
+    )
+    pids = [int(pid) for (pid,) in rows.fetchall()]
+    own = int(_reader(url).execute("SELECT pg_backend_pid()").fetchone()[0])
+    try:  # the postmaster: the parent of every backend (it forks them)
+        status = Path(f"/proc/{own}/status").read_text()
+        pids.append(int(status.split("PPid:", 1)[1].split()[0]))
+    except (OSError, IndexError, ValueError):
+        pass
     return pids
+
+
+def server_cpu(url: str) -> dict[int, float]:
+    """CPU seconds (user + system) of each of `server_pids(url)` now."""
+    from mq_common import process_cpu  # mq_common imports this module
+
+    return {pid: process_cpu(pid) for pid in server_pids(url)}
+
+
+def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two readings; a process born between counts whole."""
+    return sum(now - before.get(pid, 0.0) for pid, now in after.items() if now == now)

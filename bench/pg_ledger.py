@@ -20,7 +20,8 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   dirq_throughput. Target: PostgreSQL (1 worker) >= 0.5 of SQLite.
 
 Beside each mq rate, the CPU per message of the consumer process and of PostgreSQL
-(every `postgres` process, /proc/PID/stat before and after the run): on this machine
+(the run database's backends, read before the consumer stops, plus the shared walwriter,
+checkpointer … and the postmaster; /proc/PID/stat): on this machine
 the consumer, the broker, the stub and PostgreSQL share the same cores, so where the
 CPU goes is what the rates come from. PostgreSQL is the server named by ONCEQ_BENCH_PG
 (default postgresql://postgres@127.0.0.1:5432/postgres); each run's database is
@@ -43,20 +44,6 @@ import dirq_throughput as dt
 import mq_common as mc
 import pg_common as pc
 
-
-def pg_cpu() -> dict[int, float]:
-    return {pid: mc.process_cpu(pid) for pid in pc.postgres_pids()}
-
-
-def pg_cpu_since(before: dict[int, float]) -> float:
-    """CPU seconds the server's processes used since `before` (new backends: all of theirs)."""
-    total = 0.0
-    for pid, now in pg_cpu().items():
-        if now == now:  # not NaN: the process was still there
-            total += now - before.get(pid, 0.0)
-    return total
-
-
 # --- mq ---------------------------------------------------------------------------------
 
 
@@ -64,30 +51,34 @@ def pg_cpu_since(before: dict[int, float]) -> float:
 class MqRun:
     span: mc.Span
     consumer_cpu: float  # the consumer process (start-up included), or the bench's own
-    pg_cpu: float  # every postgres process, over the whole run
+    pg_cpu: float | None = None  # the ledger's server processes over the run (PostgreSQL)
 
 
 def mq_once(vhost: mc.Vhost, claim: str, work: Path, n: int, prefetch: int, key: str) -> MqRun:
     """One side over n freshly queued claims."""
     mc.publish(vhost, mc.write_claims(work / f"claims-{key}", n, key))
     mc.stub_reset(claim)
-    before = pg_cpu()
     if key.startswith("ceil"):
         run = mc.bare_consumer(vhost, claim, n, prefetch)
         mc.check_drained(vhost, claim, n, key)
-        return MqRun(run.span, run.cpu, pg_cpu_since(before))
+        return MqRun(run.span, run.cpu)
     if key.startswith("sqlite"):
         run = mc.run_consumer(vhost, claim, work / f"{key}.db", n, prefetch)
         mc.check_drained(vhost, claim, n, key)
-        return MqRun(run.span, run.cpu, pg_cpu_since(before))
+        return MqRun(run.span, run.cpu)
     with pc.temp_database("mq") as url:
-        before = pg_cpu()  # not the CREATE DATABASE's work
-        run = mc.run_consumer(vhost, claim, url, n, prefetch, log=work / f"{key}.stderr")
-        spent = pg_cpu_since(before)
+        # Read the server's CPU while the consumer's sessions are alive: a backend's
+        # counters leave with it. Before: the shared processes (not the CREATE DATABASE's).
+        before = pc.server_cpu(url)
+        after: dict[int, float] = {}
+        run = mc.run_consumer(
+            vhost, claim, url, n, prefetch, log=work / f"{key}.stderr",
+            before_stop=lambda: after.update(pc.server_cpu(url)),
+        )  # fmt: skip
         mc.check_drained(vhost, claim, n, key)
         if pc.ledger_count(url, "messages") != n:
             sys.exit(f"bench: {key}: the ledger holds {pc.ledger_count(url, 'messages')}/{n}")
-    return MqRun(run.span, run.cpu, spent)
+    return MqRun(run.span, run.cpu, pc.cpu_since(before, after))
 
 
 def mq_part(n: int, prefetch: int, rounds: int) -> dict[str, MqRun]:
@@ -126,7 +117,7 @@ def mq_report(best: dict[str, MqRun], n: int, prefetch: int) -> float:
             f"{run.span.rate / ceil:.2f}",
             f"{run.span.counted}/{run.span.seconds:.2f}s",
             f"{run.consumer_cpu / n * 1000:.2f}",
-            f"{run.pg_cpu / n * 1000:.2f}",
+            "–" if run.pg_cpu is None else f"{run.pg_cpu / n * 1000:.2f}",
         )
 
     print()

@@ -18,7 +18,8 @@ claim --delay 0`: a fast partner) and a new PostgreSQL database:
 
 Throughput = ledger rows committed in the window / its length. CPU: user + system
 seconds from /proc/PID/stat, at the window's ends, of the broker (beam.smp), the stub,
-PostgreSQL (every `postgres` process: backends, walwriter, checkpointer …), the k
+PostgreSQL (the ledger database's backends, the shared walwriter, checkpointer …, and
+the postmaster; other databases' backends are not the ledger's work), the k
 consumers and this bench (it polls the ledger's count every 50 ms over one
 connection); the machine's total and idle from /proc/stat. Each is shown as a share of
 the machine (100 % = every core busy for the whole window) and as CPU ms per message,
@@ -206,7 +207,7 @@ def scale_once(
             groups = {
                 "broker": broker_pids(),
                 "stub": [stub],
-                "postgres": pc.postgres_pids(),
+                "postgres": pc.server_pids(url),
                 "consumers": [p.pid for p, _ in procs],
             }
             sessions = pc.sessions(url)
@@ -214,7 +215,7 @@ def scale_once(
             httpx.post(f"{claim}/_release", trust_env=False).raise_for_status()
             end = int(n * WINDOW_END)
             wait_for(f"{end} rows", lambda: pc.ledger_count(url) >= end, 600, procs)
-            groups["postgres"] = pc.postgres_pids()  # a backend forked in the window counts
+            groups["postgres"] = pc.server_pids(url)  # a backend forked in the window counts
             b = snapshot(groups)
             rows = pc.ledger_count(url)
             wait_for(f"all {n} rows", lambda: pc.ledger_count(url) >= n, 600, procs)
