@@ -240,6 +240,10 @@ class Ledger(LedgerOps):
             out.update((m, r or "") for m, r in rows)
         return out
 
+    async def aprocessed_ref(self, msg_id: str) -> str | None:
+        """`processed_ref` for the event loop (in-process: no need to batch)."""
+        return self.processed_ref(msg_id)
+
     def counts(self, *, all_flows: bool = False) -> dict[str, int]:
         """Rows per table for this flow ('processed' = messages that took effect), or
         for every flow in the file with all_flows=True."""

@@ -668,3 +668,48 @@ def test_query_can_change_nothing(ledger_target: str, sql: str) -> None:
             ledger.query(sql)
         assert ledger.query("SELECT count(*) AS n FROM messages") == (["n"], [(1,)])
         assert ledger.counts()["processed"] == 1
+
+
+def test_the_loops_precheck_answers_a_ticks_ids_together(
+    ledger_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aprocessed_ref` is processed_ref for the event loop. On PostgreSQL the ids
+    asked for in one tick are looked up in ONE query (one round trip, not 300)."""
+    import asyncio
+
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([success(f"m{i}", f"{i}.json") for i in range(0, 300, 3)])
+        calls: list[int] = []
+        real = ledger.processed_refs
+
+        def counted(ids: Any) -> dict[str, str]:
+            ids = list(ids)
+            calls.append(len(ids))
+            return real(ids)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(ledger, "processed_refs", counted)
+
+        async def ask_all() -> list[str | None]:
+            ids = [f"m{i}" for i in range(300)] + ["m3"]  # an id asked twice
+            return await asyncio.gather(*(ledger.aprocessed_ref(m) for m in ids))
+
+        got = asyncio.run(ask_all())
+        assert got == [f"{i}.json" if i % 3 == 0 else None for i in range(300)] + ["3.json"]
+        assert calls == ([300] if is_pg_url(ledger_target) else [])
+
+
+def test_the_precheck_hands_the_ledgers_error_to_every_waiter(pg_url: str) -> None:
+    import asyncio
+
+    from onceq.errors import LedgerUnavailable
+    from onceq.pg.precheck import Precheck
+
+    def down(ids: Any) -> dict[str, str]:
+        raise LedgerUnavailable("away")
+
+    async def ask() -> list[Any]:
+        check = Precheck(down)
+        return await asyncio.gather(check("a"), check("b"), return_exceptions=True)
+
+    got = asyncio.run(ask())
+    assert [type(e) for e in got] == [LedgerUnavailable, LedgerUnavailable]

@@ -203,3 +203,59 @@ def test_a_session_lost_inside_the_group_writes_the_group_again(pg_url: str) -> 
         assert calls == ["m1", "m1", "m2"]
         assert ledger.query("SELECT id FROM business ORDER BY id")[1] == [("m1",), ("m2",)]
         assert ledger.counts()["processed"] == 2
+
+
+def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection was lost before the COMMIT but the server has not noticed (a cut
+    network): the old session still holds the group's transaction, 'in progress'.
+    The commit ends that session itself (pg_terminate_backend), so the transaction's
+    verdict becomes final (aborted) and the group is written again, once."""
+    import onceq.pg.reconnect as reconnect
+
+    class Cut(psycopg.OperationalError):
+        pass
+
+    real_check = reconnect.is_connection_error
+    monkeypatch.setattr(
+        reconnect,
+        "is_connection_error",
+        lambda exc, conn=None: isinstance(exc, Cut) or real_check(exc, conn),
+    )
+    held: list[psycopg.Connection[Any]] = []
+    keep: list[Any] = []
+    real = Reconnector.transaction
+
+    with open_ledger(pg_url) as ledger:
+
+        @contextlib.contextmanager
+        def cut(self: Reconnector, conn: psycopg.Connection[Any]) -> Iterator[None]:
+            if held:
+                with real(self, conn):
+                    yield
+                return
+            gen = real(self, conn)
+            gen.__enter__()
+            yield  # the group's rows are written, the COMMIT is never sent
+            held.append(conn)  # the old session lives on, its transaction open
+            keep.append(gen)  # (not collected: that would roll it back)
+            gone = psycopg.connect(pg_url)
+            gone.close()
+            ledger._write = gone  # what the client sees: a dead connection
+            raise Cut("network cut")
+
+        monkeypatch.setattr(Reconnector, "transaction", cut)
+        group = [success("m1", "a"), success("m2", "b")]
+        errors: list[BaseException] = []
+        t = threading.Thread(target=lambda: _commit(ledger, group, errors))
+        t.start()
+        t.join(timeout=30)
+        if t.is_alive():  # waiting for ever on the old session: the bug this test catches
+            ledger.interrupt()
+            t.join()
+        assert errors == []
+        assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS]
+        assert ledger.counts()["processed"] == 2
+        with pytest.raises(psycopg.OperationalError):  # the old session was ended
+            held[0].execute("SELECT 1")

@@ -81,6 +81,7 @@ class Reconnector:
         self._down_since: float | None = None
         self._last_try = 0.0
         self.xid: str | None = None  # the current group transaction's id, once known
+        self.pid: int | None = None  # and its session's server process
 
     # --- the two log lines ---------------------------------------------------------
 
@@ -138,6 +139,7 @@ class Reconnector:
         the transaction open.
         """
         self.xid = None
+        self.pid = conn.info.backend_pid
         cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
         cur.nextset()
         row = cur.fetchone()
@@ -160,6 +162,7 @@ class Reconnector:
         delay = BACKOFF_FIRST
         rollbacks = 0
         in_doubt: str | None = None
+        old_pid: int | None = None
         while True:
             if self._interrupted.is_set() and self._down_since is not None:
                 raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
@@ -175,7 +178,21 @@ class Reconnector:
                         self._came_back()
                         return  # the lost COMMIT went through: the entries hold its verdicts
                     if status == "in progress":
+                        # Our old session, still alive on the server (a cut network it
+                        # has not noticed): ended, so its verdict becomes final instead
+                        # of its locks holding this group for the server's TCP timeout.
+                        if old_pid is not None:
+                            conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+                            old_pid = None
                         raise _StillRunning
+                    if status is None:
+                        # Too old for the server to remember: nothing here can tell.
+                        # Stop with the group unsettled: its copies come back and the
+                        # ledger's rows recognise what was done (recovered, duplicate).
+                        raise LedgerError(
+                            f"{self.where}: cannot tell whether a commit lost with the"
+                            " connection went through; stopping with its messages unsettled"
+                        )
                     in_doubt = None
                 attempt(conn)
                 self._came_back()
@@ -195,6 +212,7 @@ class Reconnector:
                     raise LedgerError(f"{self.where}: write failed: {schema._why(exc)}") from None
                 if isinstance(exc, psycopg.Error) and self.xid is not None:
                     in_doubt = self.xid  # the COMMIT may have been applied: ask, later
+                    old_pid = self.pid
                 self.xid = None
                 if not isinstance(exc, _StillRunning):
                     self.went_down(exc)
