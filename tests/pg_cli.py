@@ -24,8 +24,11 @@ def in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int,
     """(exit code, stdout, stderr) of `onceq ARGS` run in this process."""
     from onceq.cli import main
 
+    # The CLI installs its log handler and quietens aiormq (setup_logging): put the
+    # test process's logging back afterwards, for the tests that run after this one.
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
     with CliRunner().isolation(env=env or {}) as (out, err, _):
         try:
             main(args)
@@ -36,6 +39,8 @@ def in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int,
         stderr = err.getvalue().decode("utf-8", "replace")
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
     return code, stdout, stderr
 
 

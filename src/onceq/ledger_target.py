@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from onceq.errors import UsageError
-from onceq.redact import redact_text, redact_url, remember
+from onceq.redact import redact_text, redact_url, remember, remember_secret, userinfo_password
 
 if TYPE_CHECKING:
     from onceq.effect import SqlEffect
@@ -62,7 +63,9 @@ def as_target(value: str | Path, what: str = "--db") -> Target:
     if is_pg_url(text):
         check_pg_url(text, what)
         return text
-    if _MISTYPED_PG.match(text) or _OTHER_SCHEME.match(text):
+    # The last test: a "path" that holds userinfo (`//u:pw@h/db`, `u:pw@h/db`) is a URL
+    # whose scheme was lost, not a file name; as a path it would be printed as it is.
+    if _MISTYPED_PG.match(text) or _OTHER_SCHEME.match(text) or redact_url(text) != text:
         remember(text)
         raise UsageError(
             # No '@' in the hint: the masking of stderr runs to the line's last '@'.
@@ -78,7 +81,7 @@ def check_pg_url(url: str, what: str = "--db") -> dict[str, str]:
 
     Checked before any connection, so that a typo is exit 2 (bad usage), not a
     connection failure (exit 8) after a timeout. libpq's own reason quotes the
-    offending piece of the URL ("p w", the password itself): quoted pieces are left
+    offending piece of the URL ("p w", the password itself): what it quotes is left
     out of the line, since a mistyped URL splits where no masking rule expects.
     """
     from psycopg import ProgrammingError
@@ -89,10 +92,28 @@ def check_pg_url(url: str, what: str = "--db") -> dict[str, str]:
     try:
         params = {k: str(v) for k, v in conninfo_to_dict(url).items()}
     except ProgrammingError as exc:
-        why = re.sub(r'"[^"]*"', '"…"', " ".join(str(exc).split()))
+        # From the first quote to the last: the piece may hold quotes itself.
+        why = re.sub(r'".*"', '"…"', " ".join(str(exc).split()))
         raise UsageError(
             f"{what} {shown}: not a valid PostgreSQL URL: {redact_text(why)}"
         ) from None
+    except UnicodeDecodeError:  # psycopg decodes libpq's values: `%aa` is no UTF-8
+        raise UsageError(
+            f"{what} {shown}: not a valid PostgreSQL URL: a percent-encoded part is not UTF-8"
+        ) from None
+    # libpq splits userinfo at the FIRST '@', the masking rule at the last: with an
+    # unencoded '@' or '/' in a password they disagree, libpq takes the rest of the
+    # password for a host or a database, and its errors ("failed to resolve host
+    # 'pw…'") would print it. Refused unless both read the same password.
+    masked = userinfo_password(url)
+    if masked is not None and unquote(masked) != params.get("password", ""):
+        raise UsageError(
+            # No '@' in the line: the masking of stderr runs to the line's last '@'.
+            f"{what} {shown}: not a valid PostgreSQL URL: the password must percent-encode"
+            " at-signs, slashes, '?', '#' and '%' (as %40, %2F, %3F, %23, %25)"
+        )
+    if params.get("password"):
+        remember_secret(params["password"])  # as libpq reads it (`?password=…` too)
     for port in params.get("port", "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise UsageError(f"{what} {shown}: not a valid PostgreSQL URL: the port is not 1-65535")

@@ -153,6 +153,12 @@ def _passwords(url: str) -> Iterator[tuple[str, str]]:
         yield parsed.user or "", parsed.password or ""
 
 
+def userinfo_password(value: str) -> str | None:
+    """The password as the masking rule reads it (first ':' to the last '@'), or None."""
+    span = _userinfo_span(value)
+    return None if span is None else value[span[1] + 1 : span[2]]
+
+
 def _yarl(url: str) -> Any:
     try:
         from yarl import URL

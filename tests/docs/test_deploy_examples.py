@@ -45,7 +45,7 @@ def _replace(pg_url: str) -> dict[str, str]:
 
 
 def test_deploy_examples_run_as_written(tmp_path: Path, amqp_url: str, pg_url: str) -> None:
-    ran = run_examples(DOC, tmp_path, amqp_url, _replace(pg_url))
+    ran = run_examples(DOC, tmp_path, amqp_url, replace=_replace(pg_url))
     out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
 
     def output(prefix: str) -> str:

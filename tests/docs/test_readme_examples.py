@@ -7,7 +7,9 @@ doc means the same folder), against a RabbitMQ vhost of the test's own
 (EAI_AMQP_URL), with the stubs on free ports in place of 9202 and 9300 (the ports
 the docs name for the claim and the invoice partner, which another program may
 hold). A line that ends with another exit code than the one its `# exit N` comment
-announces (0 without one) fails the test, naming the line.
+announces (0 without one) fails the test, naming the line. The README's PostgreSQL
+examples read `$DATABASE_URL`: a database of the test's own, its URL with a password
+(trust authentication accepts any), which no line may print.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 from doc_examples import DOCS, SKIPPED_SECTIONS, Example, examples
 
 from mq_support import queues
+from pg_cli import SECRET, with_secret
 from support import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -36,11 +39,13 @@ LINE_TIMEOUT_S = 120.0
 DOC_PORTS = ("9202", "9300")  # the claim stub's, the invoice partner's
 
 
-def _env(amqp_url: str) -> dict[str, str]:
+def _env(amqp_url: str, database_url: str | None = None) -> dict[str, str]:
     assert (VENV_BIN / "onceq").is_file(), f"{VENV_BIN}: no onceq here; install the project"
     env = {k: v for k, v in os.environ.items() if k not in ("EAI_MQ_DB", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     env["EAI_AMQP_URL"] = amqp_url
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
     return env
 
 
@@ -94,7 +99,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_examples(
-    doc: str, cwd: Path, amqp_url: str, replace: dict[str, str] | None = None
+    doc: str,
+    cwd: Path,
+    amqp_url: str,
+    database_url: str | None = None,
+    replace: dict[str, str] | None = None,
 ) -> list[tuple[Example, str]]:
     """Run a document's examples in order; fails at the first one that misbehaves.
 
@@ -102,7 +111,7 @@ def run_examples(
     services, as the ports are (docs/deploy.md's database host → a temporary database).
     """
     todo, _ = examples(doc)
-    env = _env(amqp_url)
+    env = _env(amqp_url, database_url)
     ports = {doc_port: free_port() for doc_port in DOC_PORTS}
     background: list[subprocess.Popen] = []
     ran: list[tuple[Example, str]] = []
@@ -141,6 +150,10 @@ def run_examples(
                         done.stderr,
                     )
                 )
+            if database_url is not None:
+                assert SECRET not in done.stdout + done.stderr, _report(
+                    ex, cmd, "printed the database password", done.stdout, done.stderr
+                )
             ran.append((ex, done.stdout))
     finally:
         for proc in background:
@@ -159,8 +172,8 @@ def test_the_skipped_sections_are_the_declared_ones_and_still_exist() -> None:
         assert todo, f"{doc}: no ```sh example found (did the fence language change?)"
 
 
-def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
-    ran = run_examples("README.md", tmp_path, amqp_url)
+def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str, pg_url: str) -> None:
+    ran = run_examples("README.md", tmp_path, amqp_url, with_secret(pg_url))
     out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
     # What the prose around the examples promises, checked on the state they leave.
     q = tmp_path / "q"
@@ -178,6 +191,28 @@ def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     assert (tmp_path / "processed.db").exists()
     assert (tmp_path / "lab" / "q" / "order-result.txt").exists()
     _your_own_flow_did_what_the_readme_says(tmp_path, out, amqp_url)
+    _the_shared_ledger_did_what_the_readme_says(tmp_path, out, pg_url)
+
+
+def _the_shared_ledger_did_what_the_readme_says(
+    tmp_path: Path, out: dict[str, str], pg_url: str
+) -> None:
+    """'A shared PostgreSQL ledger': both queues recorded in PostgreSQL, none in a file."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        counts = dict(
+            conn.execute("SELECT flow, count(*) FROM onceq.messages GROUP BY flow").fetchall()
+        )
+        ops = conn.execute("SELECT transport, op, count FROM onceq.dead_ops").fetchall()
+    assert counts == {"default": 15, "orders-shared": 16}, counts
+    assert ops == [("dirq", "replay", 1)], ops
+    assert not (tmp_path / "pgq" / "ledger.db").exists()
+    assert not (tmp_path / "pgq2" / "ledger.db").exists()
+    assert sorted(p.name for p in (tmp_path / "pgq" / "error").iterdir()) == ["msg-009.json"]
+    assert "OK" in out['onceq dirq order-check --db "$DATABASE_URL"']
+    checked = out["onceq check shared.toml"]
+    assert checked.rstrip().endswith(f"ledger {pg_url.replace('postgres@', 'postgres:***@')}")
 
 
 def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:

@@ -236,3 +236,37 @@ def test_the_python_api_takes_a_url(tmp_path: Path, pg_url: str) -> None:
     # No field required but the id: msg-015 (no amount) too; msg-009 does not parse.
     assert (stats.processed, stats.duplicates, stats.dead) == (16, 3, 1)
     assert _rows(pg_url, "SELECT count(*) FROM onceq.messages WHERE flow = 'api'") == [(16,)]
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("127.0.0.1:5432/nosuchdb_onceq", 'database "nosuchdb_onceq" does not exist'),
+        ("127.0.0.1:1/x", "Connection refused"),
+        ("no-such-host.invalid:5432/x", "failed to resolve host"),
+    ],
+)
+def test_a_ledger_that_cannot_be_opened_is_exit_8_in_one_masked_line(
+    tmp_path: Path, where: str, why: str
+) -> None:
+    """Every command that opens a ledger: exit 8, one line naming the URL masked and
+    the driver's reason, the queue untouched."""
+    from support import snapshot
+
+    q = _queue(tmp_path)
+    url = f"postgresql://postgres:{SECRET}@{where}"
+    before = snapshot(tmp_path)
+    for args in (
+        ["dirq", "consume", str(q), "--db", url],
+        ["dirq", "report", str(q), "--db", url],
+        ["dirq", "replay", str(q), "--all", "--db", url],
+    ):
+        r = run_cli(*args)
+        assert r.returncode == 8, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"onceq: postgresql://postgres:***@{where}: cannot open the ledger"
+        ), lines
+        assert why in lines[0], lines
+        assert_no_leak(r.stdout + r.stderr, [SECRET], args)
+    assert snapshot(tmp_path) == before

@@ -29,6 +29,13 @@ BAD = [
     (f"postgresql:/app:{PW}@127.0.0.1/db", "not a ledger path nor a postgresql:// URL"),
     (f"PostgreSQL:app:{PW}@127.0.0.1/db", "not a ledger path nor a postgresql:// URL"),
     (f"mysql://app:{PW}@127.0.0.1/db", "not a ledger path nor a postgresql:// URL"),
+    # no scheme at all: userinfo makes it a URL, not a file name to print
+    (f"//app:{PW}@127.0.0.1/db", "not a ledger path nor a postgresql:// URL"),
+    (f"app:{PW}@127.0.0.1/db", "not a ledger path nor a postgresql:// URL"),
+    # libpq would split at the first '@' and take the rest for the host (and print it)
+    (f"postgresql://app:{PW}@x@127.0.0.1/db", "the password must percent-encode"),
+    (f"postgresql://app:{PW}/x@127.0.0.1/db", "the password must percent-encode"),
+    (f"postgresql://app:%aa{PW}@127.0.0.1/db", "not UTF-8"),
 ]
 
 
@@ -155,6 +162,8 @@ def test_a_url_stays_a_str_and_a_path_a_path() -> None:
 
     url = "postgresql://u:p@h:5432/d"
     assert as_target(url) == url and isinstance(as_target(url), str)
+    # A percent-encoded '@' in the password is what libpq and the masking both read.
+    assert as_target("postgres://u:p%40w%2Fx@h/d") == "postgres://u:p%40w%2Fx@h/d"
     assert as_target("a//b.db") == Path("a/b.db")
     assert as_target(Path("x.db")) == Path("x.db")
     # A path that merely contains a colon or an '@' is a path.
