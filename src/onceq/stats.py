@@ -47,7 +47,8 @@ class Stats:
     partner_duplicates: int = 0
     recovered: int = 0  # committed by a crashed run; only the settle was redone
     requeued: int = 0  # retried: at once (requeue) or after a delay (a retry tier)
-    held: int = 0  # given back untried while the breaker was open (no attempt spent)
+    # Given back untried (no attempt spent): the breaker was open, or the ledger away.
+    held: int = 0
     dead: int = 0
     reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
     requeued_reasons: Counter[str] = field(default_factory=Counter)

@@ -66,6 +66,7 @@ class ConsumerControl:
     _control_lock: asyncio.Lock
     _tasks: set[asyncio.Task[None]]
     _probe_task: asyncio.Task[None] | None
+    _pause_task: asyncio.Task[None] | None = None  # until its recover is done (_resume)
     drain_races: int
 
     @property
@@ -134,7 +135,7 @@ class ConsumerControl:
             return
         self.paused = True
         self._tag = None  # from now on nothing more is handed out
-        self._spawn(self._pause())
+        self._pause_task = self._spawn(self._pause())
 
     def resume(self) -> None:
         """Consume again (the breaker closed)."""
@@ -164,20 +165,25 @@ class ConsumerControl:
         self._probe_task = None
 
     async def _pause(self) -> None:
+        # Carried through even when resume() comes meanwhile (a lost ledger answers
+        # again while the copies it held still wait for their group's commit): from
+        # pause() on, deliveries that arrive for the old tag are not handed out, and
+        # only this recover returns them; skipped, they would sit unacked on the
+        # channel until it closes. _resume waits for it.
         try:
             async with self._control_lock:
-                if not self.paused or not self._consuming:
+                if not self._consuming:
                     return
                 self._tag, self._consuming = None, False
                 await self._queue.cancel(self._active, timeout=CONNECT_TIMEOUT)
             # What was handed out is settled by the loop (released, untried); only
             # then is a recover safe: it requeues every unacked delivery of the
             # channel, and one of ours acked after it would be an unknown tag.
-            while self._held and self.paused and not self.stopped.is_set():
+            while self._held and not self.stopped.is_set():
                 self._changed.clear()
                 await self._changed.wait()
             async with self._control_lock:
-                if self.paused and not self._consuming and not self._held and self.connected:
+                if not self._consuming and not self._held and self.connected:
                     channel = await self._channel.get_underlay_channel()
                     await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
         except Exception as exc:  # an outage: the broker returns them when the channel dies
@@ -187,6 +193,8 @@ class ConsumerControl:
         # Until it is a consumer again: a resume that fails (the channel is being
         # re-opened) would otherwise leave a run without --until-empty idle for good,
         # since a reconnect restores only the consumers that were registered.
+        if self._pause_task is not None:  # its recover first (see _pause)
+            await asyncio.gather(self._pause_task, return_exceptions=True)
         while True:
             async with self._control_lock:
                 if self.paused or self._consuming or self.stopped.is_set():

@@ -164,7 +164,13 @@ class PgGuard:
             await asyncio.sleep(0)
             releases, self._releases = self._releases, []
             claims, self._claims = self._claims, []
-            await self._flush(releases, claims)
+            try:
+                await self._flush(releases, claims)
+            except Exception as exc:  # a bug here must not leave claims waiting for ever
+                log.exception("in-flight guard on %s: batch failed", self.path)
+                for _, fut in claims:
+                    if not fut.done():
+                        fut.set_exception(exc)
 
     async def _flush(
         self, releases: list[str], claims: list[tuple[str, asyncio.Future[bool]]]
