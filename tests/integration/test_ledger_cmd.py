@@ -6,6 +6,7 @@ line, and a URL's password is never printed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from onceq.ledger_target import is_pg_url, open_ledger
 from onceq.retention import TABLE_NAMES, stats
 from pg_support import create_database, drop_database
-from retention_support import fill, newest_rows_are_new, rows
+from retention_support import backdate, fill, newest_rows_are_new, ok, rows
 from support import run_cli
 
 
@@ -193,3 +194,22 @@ def test_a_url_password_is_never_printed() -> None:
         assert json.loads(runs[1].stdout)["ledger"].startswith("postgresql://postgres:***@")
     finally:
         drop_database(url)
+
+
+def test_prune_shows_its_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    from test_progress import CLEAR, run_in_pty
+
+    target = str(tmp_path / "ledger.db")
+    with open_ledger(target, flow="a") as led:
+        led.commit([ok(f"m-{i:05}") for i in range(200)])
+        backdate(led, "messages", "processed_at", "flow = ?", ("a",))
+    args = ("ledger", "prune", "--older-than", "30d", "--db", target, "--batch", "1")
+    code, screen = run_in_pty(*args, "--dry-run")
+    assert code == 0 and "pruning" not in screen  # a dry run only counts: nothing to show
+    code, screen = run_in_pty(*args)
+    assert code == 0, screen
+    assert re.search(r"pruning messages of flow a: \d+ removed · \d+s", screen), screen
+    assert CLEAR in screen and "removed 200 rows older than" in screen
+    fill(target, "b")
+    piped = run_cli(*args)
+    assert piped.returncode == 0 and piped.stderr == ""

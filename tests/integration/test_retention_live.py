@@ -33,7 +33,7 @@ from support import run_cli
 pytestmark = pytest.mark.slow
 
 N_OLD = 40_000  # rows 40 days old: enough batches of BATCH that prune lasts a while
-BATCH = 100
+BATCH = 10  # small: prune lasts a while (4,000 batches), as on a big ledger
 N_RECENT = 200
 N_NEW = 50
 N_OLD_AGAIN = 5
@@ -91,21 +91,28 @@ def test_prune_beside_a_running_consumer(ledger_target: str, tmp_path: Path) -> 
             recent = "SELECT count(*) FROM messages WHERE msg_id LIKE ?"
             assert _count(ledger_target, recent, ("INV-%",)) == N_RECENT
 
-            prune = subprocess.Popen(
-                [sys.executable, "-m", "onceq", "ledger", "prune", "--older-than", "30d",
-                 "--db", ledger_target, "--batch", str(BATCH), "--json"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )  # fmt: skip
-            old = "SELECT count(*) FROM messages WHERE msg_id LIKE ?"
-            wait_for(lambda: _count(ledger_target, old, ("OLD-%",)) < N_OLD, timeout=60)
-            # While prune deletes: copies of every recent invoice, and new invoices.
-            for i in range(N_RECENT):
-                _drop(q, f"copy1-inv-{i:03}.json", f"INV-{i:03}")
-            for i in range(N_NEW):
-                _drop(q, f"new-{i:03}.json", f"NEW-{i:03}")
-            assert prune.poll() is None, "prune ended before the copies were dropped"
+            # The copies, and new invoices, are in the inbox when prune starts deleting,
+            # and the consumer takes them then: it is held (SIGSTOP, idle: no lock, no
+            # transaction open) while they are dropped, and let go once prune has
+            # removed its first batch, so that its 0.5 s inbox poll cannot let a fast
+            # prune end before the first copy is looked at.
+            os.kill(consumer.pid, signal.SIGSTOP)
+            try:
+                for i in range(N_RECENT):
+                    _drop(q, f"copy1-inv-{i:03}.json", f"INV-{i:03}")
+                for i in range(N_NEW):
+                    _drop(q, f"new-{i:03}.json", f"NEW-{i:03}")
+                prune = subprocess.Popen(
+                    [sys.executable, "-m", "onceq", "ledger", "prune", "--older-than", "30d",
+                     "--db", ledger_target, "--batch", str(BATCH), "--json"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )  # fmt: skip
+                old = "SELECT count(*) FROM messages WHERE msg_id LIKE ?"
+                wait_for(lambda: _count(ledger_target, old, ("OLD-%",)) < N_OLD, timeout=60)
+            finally:
+                os.kill(consumer.pid, signal.SIGCONT)
             # The consumer records duplicates while prune is still deleting: read the
             # count first, then see prune still running (so it ran at the read too).
             dups = "SELECT count(*) FROM duplicates WHERE msg_id LIKE ?"
