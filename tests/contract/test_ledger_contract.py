@@ -713,3 +713,52 @@ def test_the_precheck_hands_the_ledgers_error_to_every_waiter(pg_url: str) -> No
 
     got = asyncio.run(ask())
     assert [type(e) for e in got] == [LedgerUnavailable, LedgerUnavailable]
+
+
+def test_a_kill_9_mid_commit_leaves_business_and_dedup_rows_together(ledger_target: str) -> None:
+    """A process committing groups with an SQL effect is killed (-9) while it runs:
+    every message has both its dedup row and its business row, or neither."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from onceq.effect import SqlEffect
+        from onceq.ledger import Entry
+        from onceq.ledger_target import open_ledger
+        from onceq.transport import Delivery, Kind, Settle
+
+        def save(tx, doc):
+            mark = "?" if type(tx).__module__.startswith("sqlite3") else "%s"
+            tx.execute(f"INSERT INTO invoices (id, customer, total) VALUES ({{mark}},'A',1)",
+                       (doc["id"],))
+
+        sql = SqlEffect(save, setup={INVOICES!r})
+        with open_ledger({ledger_target!r}, flow="inv", sql=sql) as led:
+            print("ready", flush=True)
+            for g in range(100000):
+                group = []
+                for i in range(50):
+                    m = f"m{{g}}-{{i}}"
+                    d = Delivery(b"{{}}", m, m, stable_ref=True)
+                    group.append(Entry(d, Kind.SUCCESS, Settle.ACK, fields={{"doc": {{"id": m}}}}))
+                led.commit(group)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    with open_ledger(ledger_target, flow="inv", create=False) as ledger:
+        deadline = time.monotonic() + 30
+        while ledger.counts()["processed"] < 500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        dedup = {r[0] for r in ledger.query("SELECT msg_id FROM messages")[1]}
+        business = {r[0] for r in ledger.query("SELECT id FROM invoices")[1]}
+    assert len(dedup) >= 500
+    assert dedup == business
+    assert len(dedup) % 50 == 0  # whole groups only

@@ -94,6 +94,7 @@ class PgLedger(LedgerOps):
         # The writer is shared by the commit thread and the operators' writes.
         self._write_lock = threading.RLock()
         self._precheck: Precheck | None = None
+        self._read_lock = threading.Lock()
 
     def close(self) -> None:
         self._write.close()
@@ -123,10 +124,11 @@ class PgLedger(LedgerOps):
         self._net.interrupt()
 
     def _reader(self) -> psycopg.Connection[Any]:
-        if self._read.closed or self._read.broken:
-            # On the event loop: one quick attempt at most, rate-limited, never a wait.
-            self._read = self._net.reconnect_now(self.url, self._read)
-        return self._read
+        with self._read_lock:
+            if self._read.closed or self._read.broken:
+                # On the event loop: one quick attempt at most, rate-limited, never a wait.
+                self._read = self._net.reconnect_now(self.url, self._read)
+            return self._read
 
     # --- reads (this flow's) ----------------------------------------------------------
 
@@ -243,7 +245,10 @@ class PgLedger(LedgerOps):
                 raise LedgerError(f"{self.path}: {what}: {schema._why(exc)}") from None
             self._net.went_down(exc)
             lost = exc
-        self._read = conn = self._net.reconnect_now(self.url, conn)
+        with self._read_lock:  # the loop and the pre-check's thread: one reconnects
+            if self._read is conn:
+                self._read = self._net.reconnect_now(self.url, conn)
+            conn = self._read
         try:
             return run(conn)
         except psycopg.Error as exc:

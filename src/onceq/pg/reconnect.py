@@ -140,11 +140,11 @@ class Reconnector:
         """
         self.xid = None
         self.pid = conn.info.backend_pid
-        cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
-        cur.nextset()
-        row = cur.fetchone()
-        self.xid = row[0] if row else None
         try:
+            cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
+            cur.nextset()
+            row = cur.fetchone()
+            self.xid = row[0] if row else None
             yield
         except BaseException:
             if not (conn.closed or conn.broken) and (
