@@ -309,9 +309,12 @@ class Consumer:
         """The call's outcome; HELD when none may start (the breaker is open, the ledger
         away); None when stopped."""
         assert d.msg_id is not None
+        # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
+        # off the loop; a ledger without it (a user's) answers on the loop.
+        read = getattr(self.ledger, "aprocessed_ref", None)
         while True:
             try:
-                seen = self.ledger.processed_ref(d.msg_id)
+                seen = await read(d.msg_id) if read else self.ledger.processed_ref(d.msg_id)
                 break
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the

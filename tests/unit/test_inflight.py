@@ -297,3 +297,42 @@ def test_file_guard_cost_per_message(tmp_path: Path) -> None:
     per = run(main())
     print(f"\nFileGuard claim+release: {per * 1e6:.1f} µs per message")  # type: ignore[operator]
     assert per < 100e-6  # type: ignore[operator]
+
+
+def test_a_server_out_of_lock_space_lets_claims_through_and_keeps_the_leases(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """'out of shared memory' (53200) is not a lost connection: the session and the
+    leases it holds are kept, the batch goes unguarded, one WARNING says what to raise."""
+    import onceq.pg.guard as pg_guard
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION full_lock_table(ids text[], flow text) RETURNS SETOF text"
+            " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'out of shared memory'"
+            " USING ERRCODE = '53200'; END $$"
+        )
+    real_sql = pg_guard.CLAIM_SQL
+
+    async def main() -> None:
+        g = PgGuard(pg_url, "f")
+        await g.claim("m1")  # a real lease
+        monkeypatch.setattr(pg_guard, "CLAIM_SQL", "SELECT * FROM full_lock_table(%s, %s)")
+        await asyncio.wait_for(g.claim("m2"), 2)
+        await asyncio.wait_for(g.claim("m3"), 2)
+        assert g.unguarded == 2
+        monkeypatch.setattr(pg_guard, "CLAIM_SQL", real_sql)
+        other = PgGuard(pg_url, "f")
+        waiting = asyncio.create_task(other.claim("m1"))  # m1's lease survived
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await g.release("m1")
+        await asyncio.wait_for(waiting, 2)
+        await g.aclose()
+        await other.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="onceq.pg.guard"):
+        run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "out of lock space" in lines[0], lines
+    assert "max_locks_per_transaction" in lines[0]

@@ -204,6 +204,9 @@ class AwayLedger:
         self._read()
         return self.inner.processed_ref(msg_id)
 
+    async def aprocessed_ref(self, msg_id: str) -> str | None:
+        return self.processed_ref(msg_id)
+
     def failed_attempts(self, msg_id: str) -> int:
         self._read()
         return self.inner.failed_attempts(msg_id)

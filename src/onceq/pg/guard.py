@@ -42,14 +42,16 @@ from onceq.ledger_target import describe
 
 log = logging.getLogger(__name__)
 
-# One statement per batch whatever its size (a prepared text for every batch size);
-# WITH ORDINALITY keeps the answers in the order of the ids asked.
+# One statement per batch whatever its size (a prepared text for every batch size).
+# It answers with the ids it could NOT lock, usually none: parsing a row per granted
+# id cost more client CPU than the lock itself.
 CLAIM_SQL = (
-    "SELECT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
-    " FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i"
+    "SELECT k FROM unnest(%s::text[]) AS k"
+    " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
 )
-UNLOCK_SQL = (
-    "SELECT pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)) FROM unnest(%s::text[]) AS k"
+UNLOCK_SQL = (  # one row back whatever the batch's size
+    "SELECT count(pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)))"
+    " FROM unnest(%s::text[]) AS k"
 )
 # A guard query is a lock-table lookup: one that takes longer than this means the
 # connection is gone without saying so (a partition), and the claims waiting on it
@@ -78,6 +80,13 @@ def guard_conninfo(url: str) -> str:
 
 
 _LOST = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+# "out of shared memory": every advisory lock takes a slot of the server's lock table
+# (max_locks_per_transaction × (max_connections + max_prepared_transactions) slots in
+# all), and N consumers × prefetch leases can fill it. The session is fine, so it is
+# kept (closing it would drop every lease this process holds); the batch goes
+# unguarded, with a WARNING at most once a minute.
+SHORT_OF_LOCKS = ("53200",)
+SHORT_WARN_EVERY_S = 60.0
 
 
 class PgGuard:
@@ -101,6 +110,7 @@ class PgGuard:
         self.waits = 0  # claims that found their id held at least once
         self.unguarded = 0  # claims granted without a lock (the connection was away)
         self.batches = 0  # claim queries sent
+        self._short_warned = -SHORT_WARN_EVERY_S
 
     # --- InflightGuard ----------------------------------------------------------------
 
@@ -178,14 +188,17 @@ class PgGuard:
         if not releases and not claims:
             return
         conn = await self._connection()
-        granted: list[bool] | None = None
+        refused: set[str] | None = None
         if conn is not None:
             try:
-                granted = await asyncio.wait_for(
+                refused = await asyncio.wait_for(
                     self._send(conn, releases, claims), QUERY_TIMEOUT_S
                 )
             except _LOST as exc:
-                await self._lost(exc)
+                if getattr(exc, "sqlstate", None) in SHORT_OF_LOCKS:
+                    self._warn_short(exc)  # the session (and its locks) is fine
+                else:
+                    await self._lost(exc)
             except psycopg.Error as exc:
                 # Not a lost connection: the server refuses the query itself (no
                 # hashtextextended before PostgreSQL 11, a permission): a setup the
@@ -198,12 +211,12 @@ class PgGuard:
                     if not fut.done():
                         fut.set_exception(err)
                 return
-        for i, (msg_id, fut) in enumerate(claims):
-            if granted is None:  # no connection: granted unguarded (module docstring)
+        for msg_id, fut in claims:
+            if refused is None:  # no connection: granted unguarded (module docstring)
                 self.unguarded += 1
                 ok, locked = True, False
             else:
-                ok = locked = granted[i]
+                ok = locked = msg_id not in refused
             if fut.cancelled():  # the copy gave up (a stop) while its claim was out
                 if locked:
                     self._releases.append(msg_id)
@@ -218,19 +231,20 @@ class PgGuard:
         conn: psycopg.AsyncConnection[Any],
         releases: list[str],
         claims: list[tuple[str, asyncio.Future[bool]]],
-    ) -> list[bool] | None:
-        """Releases, then claims, in one round trip (pipeline mode); the claims' answers."""
+    ) -> set[str] | None:
+        """Releases, then claims, in one round trip (pipeline mode); the claimed ids that
+        another session holds."""
         if not claims:
-            await conn.execute(UNLOCK_SQL, (self.flow, releases))
+            await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
             return None
         self.batches += 1
         ids = [m for m, _ in claims]
         async with conn.pipeline():
             if releases:
                 # First: a lock freed here may be what a claim below wants.
-                await conn.execute(UNLOCK_SQL, (self.flow, releases))
-            cur = await conn.execute(CLAIM_SQL, (self.flow, ids))
-        return [bool(r[0]) for r in await cur.fetchall()]
+                await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
+            cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
+        return {r[0] for r in await cur.fetchall()}
 
     # --- the connection ---------------------------------------------------------------
 
@@ -268,6 +282,18 @@ class PgGuard:
             with contextlib.suppress(Exception):
                 await conn.close()
         self._warn_lost(exc)
+
+    def _warn_short(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._short_warned >= SHORT_WARN_EVERY_S:
+            self._short_warned = now
+            log.warning(
+                "in-flight guard on %s: the server is out of lock space (%s); claims go"
+                " unguarded meanwhile (raise max_locks_per_transaction: each consumer"
+                " holds up to its prefetch in advisory locks)",
+                self.path,
+                type(exc).__name__,
+            )
 
     def _warn_lost(self, exc: BaseException) -> None:
         if self._down_since is None:
