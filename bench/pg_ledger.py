@@ -1,7 +1,7 @@
 """The PostgreSQL ledger against the SQLite one, each between its ceilings, in one run.
 
     python bench/pg_ledger.py [--messages 3000] [--dirq-messages 10000] [--rounds 2]
-                              [--prefetch 5] [--parts mq,dirq]
+                              [--prefetch 5,20] [--parts mq,dirq]
 
 Two parts, each side by side in interleaved rounds (the best of each row shown):
 
@@ -12,7 +12,10 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   and prefetch, ack after the 201, no ledger). Rate: the ledger's commit stamps, first
   commit to last (mq_common.ledger_span, start-up excluded); a run counts only when
   claim.in is empty with nothing unacked and the stub answered one 201 per claim.
-  Target: PostgreSQL >= 0.8 of SQLite.
+  Target: PostgreSQL >= 0.8 of SQLite. Run at each --prefetch given (default 5, the
+  CLI's default, and 20): with 5 in flight and a partner that answers at once a message's
+  rate is 5 / the time it takes, so every round trip to PostgreSQL shows; with 20 the
+  round trips of different messages overlap and what remains is CPU.
 - dirq: `onceq.dirq.run.consume` (what `onceq dirq consume` runs) over a fresh queue
   of n messages (one in ten a re-sent id), into SQLite and into PostgreSQL, 1 worker
   and `--workers 2` (consume_parallel), and dirq_throughput's ceiling (the same steps,
@@ -201,7 +204,9 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=3000, help="claims per mq run")
     ap.add_argument("--dirq-messages", type=int, default=10_000, help="files per dirq run")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row; the best is shown")
-    ap.add_argument("--prefetch", type=int, default=5, help="onceq mq consume --prefetch")
+    ap.add_argument(
+        "--prefetch", default="5,20", help="onceq mq consume --prefetch: one mq table per value"
+    )
     ap.add_argument("--parts", default="mq,dirq", help="which parts to run (mq, dirq)")
     ap.add_argument("--mq-target", type=float, default=0.8, help="PostgreSQL / SQLite, mq")
     ap.add_argument("--dirq-target", type=float, default=0.5, help="PostgreSQL / SQLite, dirq")
@@ -209,6 +214,12 @@ def main() -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or parts - {"mq", "dirq"}:
         ap.error(f"--parts: mq, dirq or both, not {args.parts!r}")
+    try:
+        prefetches = [int(x) for x in args.prefetch.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--prefetch: a list of integers, not {args.prefetch!r}")
+    if not prefetches or min(prefetches) < 1:
+        ap.error("--prefetch: at least one value, each >= 1")
 
     pc.require_pg()
     print(mc.machine())
@@ -219,10 +230,12 @@ def main() -> int:
     t0 = time.monotonic()
     met = True
     if "mq" in parts:
-        print(f"\n{args.messages} claims per mq run, stub --delay 0")
-        ratio = mq_report(mq_part(args.messages, args.prefetch, args.rounds), args.messages,
-                          args.prefetch)  # fmt: skip
-        met = mc.verdict("mq, PostgreSQL / SQLite", ratio, args.mq_target, "") and met
+        for prefetch in prefetches:
+            print(f"\n{args.messages} claims per mq run, stub --delay 0, --prefetch {prefetch}")
+            best = mq_part(args.messages, prefetch, args.rounds)
+            ratio = mq_report(best, args.messages, prefetch)
+            what = f"mq --prefetch {prefetch}, PostgreSQL / SQLite"
+            met = mc.verdict(what, ratio, args.mq_target, "") and met
     if "dirq" in parts:
         print()
         ratio = dirq_report(dirq_part(args.dirq_messages, args.rounds))
