@@ -53,18 +53,14 @@ What must stay even when old:
   of a flow's SQL effect hold the effect itself, not the ledger's memory of it. Their
   retention is the application's.
 
-Beside a running consumer: each batch is its own short transaction (the old rows of
-one key range of one table, found first by a read that takes no write lock), so a
-consumer's group commit waits for one batch at most, never for the whole prune. On
-SQLite the writers take turns through the busy timeout; measured beside a writer
-committing groups back to back (200,000 old rows, batch 1000): its commits waited
-p99 8-18 ms, at worst 0.13-0.67 s, against a busy timeout of 120 s. A pause after
-each batch was tried and left out: the writer's back-to-back commits then win the
-busy handler's polls and prune ran 20 to 100 times slower, for a p99 barely lower.
-PostgreSQL locks rows, not the database: deleting old rows never blocks a commit of
-new ones. SQLite keeps the freed pages for new rows (the file does not shrink; VACUUM
-would, under one long lock, so prune never runs it); PostgreSQL's autovacuum reclaims
-them.
+Beside a running consumer each batch is its own short transaction, so a consumer's
+commit waits for one batch at most (SQLite: the writers take turns through the busy
+timeout; PostgreSQL locks rows, and deleting old rows blocks no commit of new ones).
+Measured beside a writer committing back to back (200,000 old rows, batch 1000): its
+commits waited p99 8-34 ms, at worst 0.67 s (SQLite), 0.13 s (PostgreSQL); a pause
+after each batch made prune 20-100 times slower for a p99 barely lower, so there is
+none. SQLite keeps freed pages for new rows (VACUUM would shrink the file under one
+long lock: prune never runs it); PostgreSQL's autovacuum reclaims them.
 """
 
 from __future__ import annotations
@@ -89,18 +85,21 @@ DEFAULT_BATCH = 1000
 class Table:
     """One ledger table as retention sees it.
 
-    `key`: the columns that order its rows within a flow (a batch is a key range);
-    `time`: the column the window is measured on; `keep`: SQL (with :name parameters)
-    that holds for the old rows that may go — what must stay is left out there;
-    `oldest`: the column `stats` reports the oldest of.
+    `key`: its primary key after the flow (a batch is a key range; ("id",): the id
+    alone, a table of every flow); `time`: the column the window is measured on;
+    `keep`: SQL (:name parameters) that holds for the old rows that may go — what
+    must stay is left out there; `oldest`: the column `stats` reports the oldest of.
     """
 
     name: str
     key: tuple[str, ...]
     time: str
     keep: str = ""
-    has_id: bool = False
     oldest: str = ""
+
+    @property
+    def by_id(self) -> bool:
+        return self.key == ("id",)
 
 
 # In the order prune runs them: failures before replays and replays before dead_ops
@@ -118,7 +117,6 @@ TABLES = (
         # parsed) counts for no message.
         " AND id < :hw AND (msg_id IS NULL OR NOT EXISTS (SELECT 1 FROM failures AS g"
         " WHERE g.flow = failures.flow AND g.msg_id = failures.msg_id AND g.at >= :cut))",
-        has_id=True,
     ),
     Table(
         "replays",
@@ -130,7 +128,6 @@ TABLES = (
         " AND id < :hw AND (msg_id IS NULL OR NOT EXISTS (SELECT 1 FROM failures AS g"
         " WHERE g.flow = replays.flow AND g.msg_id = replays.msg_id"
         " AND (g.at >= :cut OR g.id >= :fhw)))",
-        has_id=True,
     ),
     Table(
         "dead_ops",
@@ -138,20 +135,10 @@ TABLES = (
         "finished_at",
         # finished_at NULL: running, or killed (its audit says so): never pruned.
         " AND id < :hw",
-        has_id=True,
         oldest="started_at",
     ),
 )
 TABLE_NAMES = tuple(t.name for t in TABLES)
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between the kinds of ledger, for retention (the SQL does not:
-    times are ISO 8601 text on both, and both bind `?`)."""
-
-    # {part: bytes} of the ledger's storage.
-    size: Callable[[Any], dict[str, int]]
 
 
 def _sqlite_size(ledger: Any) -> dict[str, int]:
@@ -179,14 +166,13 @@ def _pg_size(ledger: Any) -> dict[str, int]:
     return {name: int(size) for name, size in rows}
 
 
-DIALECTS = {
-    "sqlite": Dialect(size=_sqlite_size),
-    "postgresql": Dialect(size=_pg_size),
+# What differs between the kinds of ledger, for retention: how the storage is sized
+# ({part: bytes}). The SQL does not differ: times are ISO 8601 text on both, and both
+# bind `?` (the PostgreSQL ledger translates it once, onceq.pg.sql).
+DIALECTS: dict[str, Callable[[Any], dict[str, int]]] = {
+    "sqlite": _sqlite_size,
+    "postgresql": _pg_size,
 }
-
-
-def _dialect(ledger: Any) -> Dialect:
-    return DIALECTS[getattr(ledger, "kind", "sqlite")]
 
 
 # --- the window -----------------------------------------------------------------------
@@ -265,7 +251,7 @@ def _old(t: Table) -> str:
     that index each batch would read all of the flow's rows again (SQLite chose it:
     a whole prune quadratic); by the primary key it reads the range's rows only.
     """
-    flow = "flow || '' = :flow" if t.key == ("id",) else "flow = :flow"
+    flow = "flow || '' = :flow" if t.by_id else "flow = :flow"
     return f"{flow} AND {t.time} < :cut{t.keep}"
 
 
@@ -280,13 +266,6 @@ def _range(t: Table, lo: Sequence[Any] | None, hi: Sequence[Any] | None) -> tupl
     return text, values
 
 
-def _iso(value: Any) -> str | None:
-    """A time as the ledger writes it (a PostgreSQL timestamp column gives a datetime)."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat(timespec="microseconds")
-    return value
-
-
 # --- prune ----------------------------------------------------------------------------
 
 # progress(table, flow, removed so far in that table and flow), after each batch.
@@ -298,7 +277,7 @@ def high_water(ledger: Any) -> dict[str, int]:
     row and every newer one stay (see the module's docstring)."""
     out = {}
     for t in TABLES:
-        if t.has_id:
+        if t.by_id:
             row = ledger._q1(f"SELECT coalesce(max(id), 0) FROM {t.name}", ())
             out[t.name] = int(row[0]) if row else 0
     return out
@@ -329,11 +308,10 @@ def prune(
     `flows`: which flows (None: every flow in the ledger, whatever flow `ledger` was
     opened for). `dry_run` counts what would go and changes nothing. At most `batch`
     rows per table go in one transaction. A window shorter than the longest retry
-    delay of the flows in question (their `policies`: {flow: RetryPolicy}; the default
-    policy's 10 min for a flow not in it) is refused with UsageError, nothing changed,
-    unless `force`. What stays even
-    when old, and why: the module's docstring. A stopped prune (a signal, a lost
-    connection) leaves every batch it committed removed and nothing half-done.
+    delay of the flows in question (`policies`: {flow: RetryPolicy}; the default's
+    10 min for a flow not in it) is UsageError, nothing changed, unless `force`. What
+    stays even when old, and why: the module's docstring. A stopped prune (a signal, a
+    lost connection) leaves each batch it committed removed, nothing half-done.
     """
     from onceq.ledger import check_flow_name
 
@@ -365,18 +343,15 @@ def _prune_rows(
 ) -> int:
     """Remove one table's old rows of one flow, a key range at a time; how many went.
 
-    A batch is the next `batch` keys after the last range: those of the flow in
-    messages and duplicates (their primary key starts with the flow), those of the
-    whole table in the id tables (the primary key is the id). A read finds the
-    range's keys with no write lock and no condition but the key, so that it is
-    an index walk on both databases whatever the planner thinks of the old rows'
-    share (with the conditions, PostgreSQL sorted every old failure again for each
-    batch: measured 2,400 rows/s instead of 35,000). Then one short transaction
-    deletes the range's old rows, every rule checked under its lock: at most `batch`
-    rows per transaction, and one pass over the keys for the whole prune.
+    A batch is the next `batch` keys after the last range (of the flow, or of the
+    whole table when keyed by id), read with no write lock and no condition but the
+    key: an index walk on both databases whatever the planner thinks of the old rows'
+    share (with the conditions PostgreSQL sorted every old failure again per batch:
+    2,400 rows/s, now 55,000). Then one short transaction deletes the range's old
+    rows, every rule checked under its lock. One pass over the keys in all.
     """
     cols = ", ".join(t.key)
-    scope = "" if t.key == ("id",) else "flow = :flow"
+    scope = "" if t.by_id else "flow = :flow"
     lo: tuple[Any, ...] | None = None
     removed = 0
     while True:
@@ -421,14 +396,14 @@ def stats(ledger: Any) -> dict[str, Any]:
             f"SELECT flow, count(*), min({t.oldest or t.time}) FROM {t.name}"
             " GROUP BY flow ORDER BY flow"
         )
-        per_flow = {flow: {"rows": int(n), "oldest": _iso(old)} for flow, n, old in rows}
+        per_flow = {flow: {"rows": int(n), "oldest": old} for flow, n, old in rows}
         olds = [f["oldest"] for f in per_flow.values() if f["oldest"] is not None]
         tables[t.name] = {
             "rows": sum(f["rows"] for f in per_flow.values()),
             "oldest": min(olds, default=None),
             "flows": per_flow,
         }
-    size = _dialect(ledger).size(ledger)
+    size = DIALECTS[getattr(ledger, "kind", "sqlite")](ledger)
     return {
         "ledger": str(ledger.path),
         "kind": getattr(ledger, "kind", "sqlite"),

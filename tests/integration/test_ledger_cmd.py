@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mq_support import wait_for
 from onceq.ledger_target import is_pg_url, open_ledger
 from onceq.retention import TABLE_NAMES, stats
 from pg_support import create_database, drop_database
-from retention_support import backdate, fill, newest_rows_are_new, ok, rows
+from retention_support import OLD, backdate, fill, newest_rows_are_new, ok, rows
 from support import run_cli
 
 
@@ -213,3 +216,44 @@ def test_prune_shows_its_progress_on_a_terminal_only(tmp_path: Path) -> None:
     fill(target, "b")
     piped = run_cli(*args)
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_a_prune_killed_midway_leaves_a_sound_ledger_and_a_second_one_finishes(
+    ledger_target: str,
+) -> None:
+    """kill -9 between (or inside) batches: every batch is a transaction, so what is
+    left is what a full prune leaves minus the batches not yet run; a second prune
+    removes exactly those, and what must stay stayed."""
+    gone = fill(ledger_target, "a")
+    newest_rows_are_new(ledger_target)
+    n_old = 6000
+    with open_ledger(ledger_target, flow="a") as led:
+        led.commit([ok(f"x-{i:05}") for i in range(n_old)])
+        backdate(led, "messages", "processed_at", "msg_id LIKE ?", ("x-%",))
+    before = _all_rows(ledger_target)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceq", "ledger", "prune", "--older-than", "30d",
+         "--db", ledger_target, "--batch", "5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    old = "SELECT count(*) FROM messages WHERE msg_id LIKE ?"
+
+    def left() -> int:
+        with open_ledger(ledger_target, flow="a", create=False) as led:
+            return int(led._q1(old, ("x-%",))[0])
+
+    wait_for(lambda: left() < n_old - 500, timeout=60)
+    proc.kill()
+    proc.wait()
+    assert 0 < left() < n_old - 500  # killed midway
+    with open_ledger(ledger_target, flow="a", create=False) as led:
+        still_old = int(led._q1("SELECT count(*) FROM messages WHERE processed_at = ?", (OLD,))[0])
+    out = _json(run_cli("ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--json"))
+    after = _all_rows(ledger_target)
+    for t in TABLE_NAMES:
+        extra = {("a", f"x-{i:05}") for i in range(n_old)} if t == "messages" else set()
+        assert before[t] - after[t] == gone[t] | extra, t
+    assert out["removed"]["messages"]["a"] == still_old
+    with open_ledger(ledger_target, flow="a", create=False) as led:
+        assert led.failed_attempts("a-waiting") == 2 and led.failed_attempts("a-replayed") == 1
