@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pg_common
+
 if TYPE_CHECKING:
     from compare import Checkout
 
@@ -300,7 +302,11 @@ def probe(base: str, n: int, concurrency: int, client: str = "aiohttp") -> Probe
 # --- consumers and their evidence ------------------------------------------------------
 
 
-def ledger_count(db: Path) -> int:
+def ledger_count(db: Path | str) -> int:
+    """Rows in the presets' `processed` table: an SQLite file or a PostgreSQL URL."""
+    if pg_common.is_pg(db):
+        return pg_common.ledger_count(str(db))
+    db = Path(db)
     if not db.exists():
         return 0
     try:
@@ -323,18 +329,21 @@ class Span:
         return self.counted / self.seconds if self.seconds > 0 else float("nan")
 
 
-def ledger_span(db: Path, column: str = "processed_at") -> Span:
+def ledger_span(db: Path | str, column: str = "processed_at") -> Span:
     """Steady throughput from the ledger's commit timestamps, start-up excluded.
 
     The clock starts at the first commit (so connecting, the first delivery and
     the first call are not counted) and stops at the last; the rows committed at
     the first timestamp are not counted either, since their work happened before
-    the clock started.
+    the clock started. `db`: an SQLite file or a PostgreSQL URL (bench/pg_common.py).
     """
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
-        stamps = [
-            datetime.fromisoformat(r[0]) for r in c.execute(f"SELECT {column} FROM processed")
-        ]
+    if pg_common.is_pg(db):
+        stamps = pg_common.stamps(str(db), column)
+    else:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            stamps = [
+                datetime.fromisoformat(r[0]) for r in c.execute(f"SELECT {column} FROM processed")
+            ]
     stamps.sort()
     first, last = stamps[0], stamps[-1]
     at_first = sum(1 for s in stamps if s == first)
@@ -352,32 +361,42 @@ class ConsumerRun:
 def run_consumer(
     vhost: Vhost,
     claim: str,
-    db: Path,
+    db: Path | str,
     n: int,
     prefetch: int,
     limit: float = 150,
     checkout: Checkout | None = None,
+    log: Path | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> ConsumerRun:
     """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
 
     --max-seconds is only a safety net: a consumer that stalls ends the bench. With a
-    checkout (bench/compare.py), that checkout's interpreter and code run it.
+    checkout (bench/compare.py), that checkout's interpreter and code run it. `db` is
+    an SQLite path or a PostgreSQL URL (then `log` names the consumer's stderr file).
+    `before_stop` is called once every row is in, while the consumer (and its database
+    sessions) still run.
     """
     python = checkout.python if checkout else sys.executable
     env = checkout.env(vhost.env()) if checkout else vhost.env()
     cmd = [python, "-m", "onceq", "mq", "consume", "--claim", claim,
            "--prefetch", str(prefetch), "--db", str(db), "--json",
            "--max-seconds", str(limit)]  # fmt: skip
-    log = db.with_suffix(".stderr")
+    if log is None:
+        log = Path(db).with_suffix(".stderr")
     t0 = time.perf_counter()
     # stderr to a file, not a pipe: nobody reads a pipe while we poll, and a chatty
     # consumer would block on a full one.
     with log.open("w") as err_file:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
+        # PostgreSQL is polled less often: its count runs on the server under test.
+        every = 0.05 if pg_common.is_pg(db) else 0.02
         while ledger_count(db) < n and proc.poll() is None:
-            time.sleep(0.02)
+            time.sleep(every)
         wall = time.perf_counter() - t0
         cpu = process_cpu(proc.pid)
+        if before_stop is not None:
+            before_stop()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     if proc.returncode != 0 or ledger_count(db) < n:
@@ -478,14 +497,21 @@ def process_cpu(pid: int) -> float:
 
 
 def broker_cpu() -> float | None:
-    """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found."""
+    """CPU seconds of the local broker's Erlang VM (beam.smp), None when it is not found.
+
+    A `rabbitmqctl` is a beam.smp too (anything asking the broker something, a test
+    beside the bench, starts one for a second): the broker is the one that is not.
+    """
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
+            if (
+                "(beam.smp)" in stat
+                and b"rabbitmqctl" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ):
+                return process_cpu(int(pid))
         except OSError:
             continue
-        if "(beam.smp)" in stat:
-            return process_cpu(int(pid))
     return None
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/mq.md", "docs/api.md")
+DOCS = ("README.md", "docs/mq.md", "docs/api.md", "docs/deploy.md")
 
 SKIPPED_SECTIONS = {
     ("README.md", "Quick start"): (

@@ -49,10 +49,12 @@ def _env(amqp_url: str, database_url: str | None = None) -> dict[str, str]:
     return env
 
 
-def _as_run(ex: Example, ports: dict[str, int]) -> str:
+def _as_run(ex: Example, ports: dict[str, int], replace: dict[str, str] | None = None) -> str:
     cmd = ex.command
     for doc_port, port in ports.items():
         cmd = re.sub(rf"\b{doc_port}\b", str(port), cmd)
+    for pattern, repl in (replace or {}).items():  # a doc's hosts → the test's own
+        cmd = re.sub(pattern, repl, cmd)
     if ex.file:
         return cmd
     return re.sub(r"(?<![\w/])\.venv/bin/", f"{VENV_BIN}/", cmd)
@@ -97,9 +99,17 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_examples(
-    doc: str, cwd: Path, amqp_url: str, database_url: str | None = None
+    doc: str,
+    cwd: Path,
+    amqp_url: str,
+    database_url: str | None = None,
+    replace: dict[str, str] | None = None,
 ) -> list[tuple[Example, str]]:
-    """Run a document's examples in order; fails at the first one that misbehaves."""
+    """Run a document's examples in order; fails at the first one that misbehaves.
+
+    `replace` (regex → replacement) points what the doc names at the test's own
+    services, as the ports are (docs/deploy.md's database host → a temporary database).
+    """
     todo, _ = examples(doc)
     env = _env(amqp_url, database_url)
     ports = {doc_port: free_port() for doc_port in DOC_PORTS}
@@ -107,7 +117,7 @@ def run_examples(
     ran: list[tuple[Example, str]] = []
     try:
         for ex in todo:
-            cmd = _as_run(ex, ports)
+            cmd = _as_run(ex, ports, replace)
             if ex.file:  # a flow file or module the next lines use
                 (cwd / ex.file).write_text(cmd)
                 ran.append((ex, ""))
