@@ -10,12 +10,12 @@ reliability argument, so it lives in one place:
 3. ...and at most one across processes: the copy then claims msg_id's lease in the
    in-flight guard (`onceq.inflight`: an advisory lock on PostgreSQL, a byte-range
    lock beside an SQLite file), waiting while a twin in another process holds it.
-4. Only then the duplicate check: if the ledger holds the msg_id (a twin here or
-   elsewhere committed it, maybe while this copy waited), no handler call. So a
-   partner is never called twice at once for one message. When the ledger row is the
-   whole effect (`no_effect`, the directory queue) steps 2 to 4 are skipped: there
-   is no call to save, and the primary key in the commit tells a second copy from the
-   first, even inside one group.
+4. Only then the duplicate check (PostgreSQL's guard does it after the lock, in the
+   claim's round trip): if the ledger holds the msg_id (a twin committed it, maybe
+   while this copy waited), no handler call. So a partner is never called twice at
+   once for one message. When the ledger row is the whole effect (`no_effect`, the
+   directory queue) steps 2 to 4 are skipped: there is no call to save, and the
+   primary key in the commit tells a second copy from the first, even in one group.
 5. The handler's outcome becomes a settle decision (`RetryPolicy.decide`).
 6. The committer writes a group of outcomes in one durable transaction, and only
    then asks the transport to settle that group; then the lease is released. A crash
@@ -43,7 +43,7 @@ from typing import Any
 from onceq import faults
 from onceq.errors import LedgerUnavailable
 from onceq.holds import Holds
-from onceq.inflight import InflightGuard, Leases, guard_for
+from onceq.inflight import Checked, InflightGuard, Leases, guard_for
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
 from onceq.retry import BreakerPolicy, RetryPolicy
@@ -250,14 +250,14 @@ class Consumer:
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 turn = await self._take_turn(d.msg_id)
-                leased = await self.leases.claim(d.msg_id)
+                leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
                     # began): start no new call after a stop. It is left unsettled: a
                     # broker returns it to the queue when the channel closes, a
                     # directory queue's next run recovers it; the ledger decides then.
                     return
-                outcome = await self._effect(d, decoded)
+                outcome = await self._effect(d, decoded, checked)
                 if outcome is None:
                     return  # stopped while held: unsettled, as above
             else:
@@ -305,17 +305,19 @@ class Consumer:
         self._in_flight[msg_id] = guard
         return guard
 
-    async def _effect(self, d: Delivery, decoded: Outcome) -> Outcome | None:
+    async def _effect(
+        self, d: Delivery, decoded: Outcome, checked: Checked | None
+    ) -> Outcome | None:
         """The call's outcome; HELD when none may start (the breaker is open, the ledger
-        away); None when stopped."""
+        away); None when stopped. `checked`: the guard's duplicate check, if it did one."""
         assert d.msg_id is not None
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
         # off the loop; a ledger without it (a user's) answers on the loop.
         read = getattr(self.ledger, "aprocessed_ref", None)
-        while True:
+        while checked is None:
             try:
-                seen = await read(d.msg_id) if read else self.ledger.processed_ref(d.msg_id)
-                break
+                ref = await read(d.msg_id) if read else self.ledger.processed_ref(d.msg_id)
+                checked = Checked(ref)
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the
                 # transport paused until the ledger answers (onceq.holds).
@@ -324,7 +326,7 @@ class Consumer:
                     return Outcome(Kind.HELD, "ledger-unavailable")
                 if not await self.holds.ledger_back():
                     return None
-        if seen is not None:
+        if checked.ref is not None:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)

@@ -20,7 +20,10 @@ every consumer of a flow shares:
 Order in the loop (`Consumer._handle`): in-process turn → `claim` (waits while
 another process holds the msg_id) → the duplicate check → the call → commit → settle
 → `release`. The duplicate check comes AFTER the claim: a twin that committed while
-we waited is found then.
+we waited is found then. A guard that can read the ledger on the way may do the check
+itself, in the claim's round trip (PgGuard: one round trip per tick instead of two),
+and answer `Checked(ref)`; a guard that answers None (FileGuard, a user's) leaves the
+check to the loop.
 
 The guard is an optimisation of *calls*, never of correctness: if it is lost (its
 connection drops), the loop goes on and the ledger's primary key still records each
@@ -49,12 +52,25 @@ POLL_MAX_S = 0.2
 SUFFIX = "-inflight"
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A claim that also did the duplicate check, AFTER the lease was held: `ref` is
+    what `Ledger.processed_ref` would answer then (the ref that took effect, '' when
+    it has none, None when the msg_id is unseen).
+
+    A class of its own, not a bare `str | None`: None from `claim` means "not looked
+    up" (the old protocol), and mistaking that for "unseen" would skip the check."""
+
+    ref: str | None
+
+
 @runtime_checkable
 class InflightGuard(Protocol):
     """What the loop asks of a cross-process guard (all calls from the event loop)."""
 
-    async def claim(self, msg_id: str) -> None:
-        """Return once this process holds msg_id's lease (waits while another holds it)."""
+    async def claim(self, msg_id: str) -> Checked | None:
+        """Return once this process holds msg_id's lease (waits while another holds it):
+        `Checked` when the guard did the duplicate check after taking it, else None."""
 
     async def release(self, msg_id: str) -> None:
         """Give msg_id's lease back (after its outcome is committed and settled)."""
@@ -68,7 +84,7 @@ def guard_for(ledger: Any) -> InflightGuard | None:
     if getattr(ledger, "kind", "sqlite") == "postgresql":
         from onceq.pg.guard import PgGuard
 
-        return PgGuard(ledger.url, ledger.flow)
+        return PgGuard(ledger.url, ledger.flow, lookup=True)
     return FileGuard(Path(f"{ledger.path}{SUFFIX}"), ledger.flow)
 
 
@@ -140,6 +156,7 @@ class FileGuard:
         self._closed = False
 
     async def claim(self, msg_id: str) -> None:
+        # None: the check stays the loop's (an in-process SQLite read costs microseconds).
         off = lock_offset(self.flow, msg_id)
         delay = POLL_FIRST_S
         if not self._try(off):
@@ -191,8 +208,9 @@ class FileGuard:
 class Leases:
     """The loop's side of a guard: open it for a run, claim with a stop in mind.
 
-    `claim` is False without a guard, and when `stop()` cut the wait for a twin
-    elsewhere short (a stop starts no new call; the copy ends unsettled). Cut by
+    `claim` answers (leased, checked): leased is False without a guard, and when
+    `stop()` cut the wait for a twin elsewhere short (a stop starts no new call; the
+    copy ends unsettled); checked is the guard's `Checked` or None (see `Checked`). Cut by
     cancelling the waiting tasks: no extra task or event per message on the way.
     """
 
@@ -205,24 +223,24 @@ class Leases:
     def open(self, ledger: Any) -> None:
         self.guard = self.make(ledger)
 
-    async def claim(self, msg_id: str) -> bool:
+    async def claim(self, msg_id: str) -> tuple[bool, Checked | None]:
         if self.guard is None:
-            return False
+            return False, None
         task = asyncio.current_task()
         assert task is not None
         self._waiting.add(task)
         try:
-            await self.guard.claim(msg_id)
+            checked = await self.guard.claim(msg_id)
         except asyncio.CancelledError:
             if not self.stopped:
                 raise
             task.uncancel()
             # Cut as its answer arrived, the lease may be ours: give it back.
             await self.guard.release(msg_id)
-            return False
+            return False, None
         finally:
             self._waiting.discard(task)
-        return True
+        return True, checked if isinstance(checked, Checked) else None
 
     async def release(self, msg_id: str) -> None:
         if self.guard is not None:

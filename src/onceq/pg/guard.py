@@ -12,7 +12,11 @@ Why advisory locks and not a lease row:
 - it writes nothing: no WAL, no bloat, no vacuum, no row to clean up after a crash.
 
 Round trips are the cost, so claims made in one event-loop tick go out as ONE query
-(`unnest` of an array of ids), and so do releases. A claim that finds the lock held
+(`unnest` of an array of ids), and so do releases. With `lookup` (what `guard_for`
+builds for a ledger) the same round trip also does the loop's duplicate check: a
+second statement, pipelined after the claim, reads the ledger's refs of the batch's
+ids, and a claim answers `Checked(ref)` (see `LOOKUP_SQL` for why that read cannot
+miss a twin's commit). A claim that finds the lock held
 (`pg_try_advisory_lock` is false: never a blocking `pg_advisory_lock`, which would hold
 the shared connection) asks again after 5 ms, doubling to 200 ms.
 
@@ -37,7 +41,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from onceq.errors import LedgerError, redact_text
-from onceq.inflight import POLL_FIRST_S, POLL_MAX_S
+from onceq.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq.ledger_target import describe
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,23 @@ log = logging.getLogger(__name__)
 CLAIM_SQL = (
     "SELECT k FROM unnest(%s::text[]) AS k"
     " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
+)
+# The duplicate check of a claim batch: `PgLedger.processed_refs`'s query, schema
+# qualified (this session keeps the default search_path). Why it is correct:
+# - it is a SEPARATE statement after CLAIM_SQL in the pipeline, never a subquery of
+#   it: a statement's snapshot is taken when the statement starts, so a read inside
+#   the claim statement would use a snapshot older than its own lock, and miss a twin
+#   that committed and released between the two (the lock granted, the read stale:
+#   the partner called twice). Under READ COMMITTED (forced on this session) each
+#   statement takes a fresh snapshot, so this one sees every commit made before the
+#   locks were granted;
+# - a twin releases its lock only after its commit returned (commit → settle →
+#   release, `onceq.consumer`), so when our lock is granted the twin's row is visible;
+# - ids whose lock was refused are read too (one statement for the batch) but their
+#   answer is dropped: they are claimed again, and read again after that lock.
+LOOKUP_SQL = (
+    "SELECT u.id, coalesce(m.ref, '') FROM unnest(%s::text[]) AS u(id)"
+    " JOIN onceq.messages AS m ON m.flow = %s AND m.msg_id = u.id"
 )
 UNLOCK_SQL = (  # one row back whatever the batch's size
     "SELECT count(pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)))"
@@ -79,6 +100,11 @@ def guard_conninfo(url: str) -> str:
     return make_conninfo(url, **extra)
 
 
+# What a batch answers each claim: REFUSED (another session holds the lock: ask again),
+# else what `claim` returns.
+REFUSED = object()
+Answer = Checked | None | object
+
 _LOST = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
 # "out of shared memory": every advisory lock takes a slot of the server's lock table
 # (max_locks_per_transaction × (max_connections + max_prepared_transactions) slots in
@@ -92,12 +118,13 @@ SHORT_WARN_EVERY_S = 60.0
 class PgGuard:
     """Advisory locks on one AsyncConnection (autocommit) for the flow `flow`."""
 
-    def __init__(self, url: str, flow: str) -> None:
+    def __init__(self, url: str, flow: str, *, lookup: bool = False) -> None:
         self.flow = flow
+        self.lookup = lookup  # also do the duplicate check (the ledger's schema exists)
         self.path = describe(url)  # what messages name: the password masked
         self._conninfo = guard_conninfo(url)
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._claims: list[tuple[str, asyncio.Future[bool]]] = []  # for the next batch
+        self._claims: list[tuple[str, asyncio.Future[Answer]]] = []  # for the next batch
         self._releases: list[str] = []
         self._held: set[str] = set()  # locked on the CURRENT session
         self._work = asyncio.Event()
@@ -114,15 +141,16 @@ class PgGuard:
 
     # --- InflightGuard ----------------------------------------------------------------
 
-    async def claim(self, msg_id: str) -> None:
+    async def claim(self, msg_id: str) -> Checked | None:
         delay = POLL_FIRST_S
         waited = False
-        while not await self._ask(msg_id):
+        while (answer := await self._ask(msg_id)) is REFUSED:
             if not waited:
                 waited = True
                 self.waits += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
+        return answer if isinstance(answer, Checked) else None
 
     async def release(self, msg_id: str) -> None:
         # Not awaited: the unlock goes out with the next batch. A twin elsewhere polls
@@ -149,11 +177,12 @@ class PgGuard:
 
     # --- batching ---------------------------------------------------------------------
 
-    def _ask(self, msg_id: str) -> asyncio.Future[bool]:
-        """A future answered by the next batch: True once the lock is ours."""
-        fut = asyncio.get_running_loop().create_future()
+    def _ask(self, msg_id: str) -> asyncio.Future[Answer]:
+        """A future answered by the next batch: REFUSED while another session holds the
+        lock, else the claim's answer (`Checked` when looked up)."""
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         if self._closed:
-            fut.set_result(True)  # closing: nothing left to guard against
+            fut.set_result(None)  # closing: nothing left to guard against
             return fut
         self._claims.append((msg_id, fut))
         self._kick()
@@ -183,15 +212,16 @@ class PgGuard:
                         fut.set_exception(exc)
 
     async def _flush(
-        self, releases: list[str], claims: list[tuple[str, asyncio.Future[bool]]]
+        self, releases: list[str], claims: list[tuple[str, asyncio.Future[Answer]]]
     ) -> None:
         if not releases and not claims:
             return
         conn = await self._connection()
         refused: set[str] | None = None
+        found: dict[str, str] | None = None
         if conn is not None:
             try:
-                refused = await asyncio.wait_for(
+                refused, found = await asyncio.wait_for(
                     self._send(conn, releases, claims), QUERY_TIMEOUT_S
                 )
             except _LOST as exc:
@@ -212,11 +242,14 @@ class PgGuard:
                         fut.set_exception(err)
                 return
         for msg_id, fut in claims:
+            answer: Answer = None
             if refused is None:  # no connection: granted unguarded (module docstring)
                 self.unguarded += 1
-                ok, locked = True, False
+                locked = False  # and not looked up: the loop's own read says the ledger is away
+            elif locked := msg_id not in refused:
+                answer = None if found is None else Checked(found.get(msg_id))
             else:
-                ok = locked = msg_id not in refused
+                answer = REFUSED
             if fut.cancelled():  # the copy gave up (a stop) while its claim was out
                 if locked:
                     self._releases.append(msg_id)
@@ -224,27 +257,33 @@ class PgGuard:
                 continue
             if locked:
                 self._held.add(msg_id)
-            fut.set_result(ok)
+            fut.set_result(answer)
 
     async def _send(
         self,
         conn: psycopg.AsyncConnection[Any],
         releases: list[str],
-        claims: list[tuple[str, asyncio.Future[bool]]],
-    ) -> set[str] | None:
-        """Releases, then claims, in one round trip (pipeline mode); the claimed ids that
-        another session holds."""
+        claims: list[tuple[str, asyncio.Future[Answer]]],
+    ) -> tuple[set[str] | None, dict[str, str] | None]:
+        """Releases, then claims, then (with `lookup`) the claimed ids' refs, in one round
+        trip (pipeline mode): the claimed ids that another session holds, and the refs
+        found (None: not looked up)."""
         if not claims:
             await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
-            return None
+            return None, None
         self.batches += 1
         ids = [m for m, _ in claims]
+        look = None
         async with conn.pipeline():
             if releases:
                 # First: a lock freed here may be what a claim below wants.
                 await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
             cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
-        return {r[0] for r in await cur.fetchall()}
+            if self.lookup:  # after the claim, never inside it: see LOOKUP_SQL
+                look = conn.cursor()
+                await look.execute(LOOKUP_SQL, (ids, self.flow), binary=True)
+        refused = {r[0] for r in await cur.fetchall()}
+        return refused, None if look is None else dict(await look.fetchall())
 
     # --- the connection ---------------------------------------------------------------
 
@@ -256,7 +295,15 @@ class PgGuard:
         if time.monotonic() < self._next_connect:
             return None
         try:
-            self._conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            try:
+                # LOOKUP_SQL's correctness needs a snapshot per statement: whatever the
+                # server's default_transaction_isolation, this session reads committed.
+                await conn.execute("SET default_transaction_isolation = 'read committed'")
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn = conn
         except psycopg.Error as exc:
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
