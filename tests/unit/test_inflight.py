@@ -336,3 +336,24 @@ def test_a_server_out_of_lock_space_lets_claims_through_and_keeps_the_leases(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "out of lock space" in lines[0], lines
     assert "max_locks_per_transaction" in lines[0]
+
+
+def test_a_nul_in_a_msg_id_fails_no_batch(make_guard: Make) -> None:
+    """PostgreSQL text cannot hold NUL: sent as it is, such an id (from a library
+    user's own decoder) would fail the whole tick's batch. It is a key like any other:
+    held while claimed, waited for by a twin, and the other claims of its tick go on."""
+
+    async def main() -> None:
+        a, b = make_guard(), make_guard()
+        await asyncio.gather(a.claim("bad\x00id"), a.claim("good"))
+        twin = asyncio.create_task(b.claim("bad\x00id"))
+        await asyncio.sleep(0.3)
+        assert not twin.done(), "a twin of a NUL id got its lease while it was held"
+        await a.release("bad\x00id")
+        await asyncio.wait_for(twin, 2)
+        await b.release("bad\x00id")
+        await a.release("good")
+        await a.aclose()
+        await b.aclose()
+
+    run(main())

@@ -43,6 +43,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from onceq.errors import LedgerError, redact_text
 from onceq.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq.ledger_target import describe
+from onceq.ledger_values import text
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,15 @@ KEEPALIVES = {
     "keepalives_interval": "5",
     "keepalives_count": "3",
 }
+
+
+def sendable(msg_id: str) -> str:
+    """msg_id as the guard sends it: PostgreSQL text cannot hold NUL, and one id that
+    psycopg cannot send would fail the whole tick's batch (every claim in it). A
+    decoder built from a spec refuses such ids; a library user's own decoder may not.
+    The escaped form is a key like any other (the same id always maps to it), and the
+    ledger refuses that message itself (ledger-refused), so its lookup finds nothing."""
+    return text(msg_id) if "\x00" in msg_id else msg_id
 
 
 def guard_conninfo(url: str) -> str:
@@ -142,6 +152,7 @@ class PgGuard:
     # --- InflightGuard ----------------------------------------------------------------
 
     async def claim(self, msg_id: str) -> Checked | None:
+        msg_id = sendable(msg_id)
         delay = POLL_FIRST_S
         waited = False
         while (answer := await self._ask(msg_id)) is REFUSED:
@@ -155,6 +166,7 @@ class PgGuard:
     async def release(self, msg_id: str) -> None:
         # Not awaited: the unlock goes out with the next batch. A twin elsewhere polls
         # anyway, and the copy's slot should not wait for a round trip.
+        msg_id = sendable(msg_id)
         if msg_id in self._held:
             self._held.discard(msg_id)
             self._releases.append(msg_id)
