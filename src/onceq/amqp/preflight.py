@@ -319,10 +319,25 @@ async def broker_consumer_timeout(url: str) -> tuple[bool, int | None]:
     return understood, limit
 
 
+# How long a run has lasted before the broker's consumer_timeout is read through
+# rabbitmqctl. Why wait: rabbitmqctl is an Erlang VM, ~0.5 s of a core, and a run that is
+# over sooner (a drain with --until-empty, a test, a benchmark) never holds a delivery
+# long enough for a consumer_timeout to matter (the broker checks it once a minute).
+CTL_AFTER_S = 10.0
+
+
 async def check_consumer_timeout(
-    url: str, queue: str, call_timeout: float | None, facts: QueueFacts | None
+    url: str,
+    queue: str,
+    call_timeout: float | None,
+    facts: QueueFacts | None,
+    *,
+    ctl_after: float = 0.0,
 ) -> str:
-    """Log (and return) a warning when the broker would cut a delivery onceq still holds."""
+    """Log (and return) a warning when the broker would cut a delivery onceq still holds.
+
+    The queue's own x-consumer-timeout is compared at once; the broker's setting is read
+    through rabbitmqctl only after `ctl_after` seconds (the consumer passes CTL_AFTER_S)."""
     if call_timeout is None:
         log.debug("consumer_timeout: the flow's call has no timeout of its own; not compared")
         return ""
@@ -332,6 +347,7 @@ async def check_consumer_timeout(
             per_queue, call_timeout, f"queue {queue}'s x-consumer-timeout"
         )
     else:
+        await asyncio.sleep(ctl_after)
         try:
             understood, limit = await broker_consumer_timeout(url)
         except (OSError, TimeoutError) as exc:
