@@ -134,6 +134,15 @@ def check_invariants(root: Path, exp: Expected) -> None:
     assert (root / "dup.txt").read_text().split() == sorted(exp.resent)
 
 
+def _as_from_a_terminal() -> None:
+    # SIGINT at its default, as a shell in a terminal starts a command. A test runner
+    # started in the background by a non-interactive shell (`… &` in a script) inherits
+    # SIGINT ignored, and onceq keeps an ignored SIGINT ignored (nohup's meaning, and
+    # how --workers children leave the stop to their parent): the Ctrl-C tests would
+    # then test nohup, not Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args: str) -> subprocess.Popen[str]:
     """`python -m onceq ARGS` in a session of its own (so killpg reaches its workers)."""
     return subprocess.Popen(
@@ -142,6 +151,7 @@ def start(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
