@@ -258,21 +258,6 @@ class Ledger(LedgerOps):
             out[key] = int(self._q1(f"SELECT count(*) FROM {table}{where}", args)[0])  # type: ignore[index]
         return out
 
-    def duplicate_ids(self) -> list[str]:
-        rows = self._rows(
-            "SELECT DISTINCT msg_id FROM duplicates WHERE flow = ? ORDER BY msg_id", (self.flow,)
-        )[1]
-        return [r[0] for r in rows]
-
-    def last_failure(self, ref: str) -> tuple[str, str] | None:
-        """(reason, detail) of the newest failure recorded for `ref`."""
-        row = self._q1(
-            "SELECT reason, detail FROM failures WHERE ref = ? AND flow = ?"
-            " ORDER BY id DESC LIMIT 1",
-            (text(ref), self.flow),
-        )
-        return None if row is None else (row[0], row[1])
-
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read-only query (order checks); returns (columns, rows)."""
         try:

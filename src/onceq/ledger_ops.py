@@ -1,7 +1,9 @@
 """What the ledger knows about failures, replays and dead-letter operations (schema 3).
 
-A mixin of `onceq.ledger.Ledger`: every read and write here is scoped to the
-ledger's flow, and every write is one transaction (`Ledger._transaction`).
+A mixin of both ledgers (`onceq.ledger.Ledger`, `onceq.pg.ledger.PgLedger`): every read
+and write here is scoped to the ledger's flow, every write is one transaction
+(`_transaction`), and the SQL is written once with `?` placeholders (translated for
+PostgreSQL by `onceq.pg.sql`). Also the duplicate and failure reads of `dirq report`.
 
 Attempts. A message's attempt number is durable: the failures recorded for its
 msg_id, plus one. A replay resets it: `replays.reset_after` holds the newest
@@ -79,6 +81,23 @@ class LedgerOps:
             self, sql: str, args: Sequence[Any] = ()
         ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
         def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None: ...
+
+    # --- reads every kind of ledger answers with the same SQL --------------------------
+
+    def duplicate_ids(self) -> list[str]:
+        rows = self._rows(
+            "SELECT DISTINCT msg_id FROM duplicates WHERE flow = ? ORDER BY msg_id", (self.flow,)
+        )[1]
+        return [r[0] for r in rows]
+
+    def last_failure(self, ref: str) -> tuple[str, str] | None:
+        """(reason, detail) of the newest failure recorded for `ref`."""
+        row = self._q1(
+            "SELECT reason, detail FROM failures WHERE ref = ? AND flow = ?"
+            " ORDER BY id DESC LIMIT 1",
+            (text(ref), self.flow),
+        )
+        return None if row is None else (row[0], row[1])
 
     # --- attempts ----------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from onceq.ledger import DEFAULT_FLOW, Entry, check_flow_name, utcnow
 from onceq.ledger_ops import LedgerOps
 from onceq.ledger_rows import failure_recorded, record_duplicate, record_failure
 from onceq.ledger_target import describe
-from onceq.ledger_values import is_data_error, text
+from onceq.ledger_values import is_data_error
 from onceq.pg import effect as pg_effect
 from onceq.pg import schema
 from onceq.pg.precheck import Precheck
@@ -179,21 +179,6 @@ class PgLedger(LedgerOps):
             k: int(v)
             for k, v in zip(("processed", "duplicates", "failures", "replays"), row, strict=True)
         }
-
-    def duplicate_ids(self) -> list[str]:
-        rows = self._rows(
-            "SELECT DISTINCT msg_id FROM duplicates WHERE flow = ? ORDER BY msg_id", (self.flow,)
-        )[1]
-        return [r[0] for r in rows]
-
-    def last_failure(self, ref: str) -> tuple[str, str] | None:
-        """(reason, detail) of the newest failure recorded for `ref`."""
-        row = self._q1(
-            "SELECT reason, detail FROM failures WHERE ref = ? AND flow = ?"
-            " ORDER BY id DESC LIMIT 1",
-            (text(ref), self.flow),
-        )
-        return None if row is None else (row[0], row[1])
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read-only query (order checks); returns (columns, rows).
