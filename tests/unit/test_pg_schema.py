@@ -177,3 +177,20 @@ def test_create_false_on_an_empty_database_makes_nothing(pg_url: str) -> None:
     with pytest.raises(NotFound):
         open_ledger(pg_url, create=False)
     assert q(pg_url, "SELECT nspname FROM pg_namespace WHERE nspname = 'onceq'") == []
+
+
+def test_the_postgresql_tables_have_every_column_of_the_sqlite_schema(pg_url: str) -> None:
+    """The two DDLs are kept by hand, one per dialect: a column added to SQLite's schema
+    (ledger_db.SCHEMA) and not to PostgreSQL's would break the shared SQL on one kind."""
+    from onceq.ledger_db import expected
+
+    open_ledger(pg_url).close()
+    have: dict[str, set[str]] = {}
+    for table, column in q(
+        pg_url,
+        "SELECT table_name, column_name FROM information_schema.columns"
+        " WHERE table_schema = 'onceq'",
+    ):
+        have.setdefault(table, set()).add(column)
+    for table, columns in expected().items():
+        assert columns <= have.get(table, set()), (table, columns - have.get(table, set()))
