@@ -20,6 +20,7 @@ from onceq.cli.dirq_results import (
     schema,
 )
 from onceq.cli.flow_options import flow_options
+from onceq.cli.ops_options import ops_options, pop_ops
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
 from onceq.ledger_target import Target
@@ -86,6 +87,7 @@ def init(qdir: Path, source: Path | None) -> None:
 )
 @flow_options()
 @retry_options
+@ops_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     qdir: Path,
@@ -135,7 +137,10 @@ def consume(
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import Interrupted
     from onceq.flow import open_ledger
+    from onceq.logs import setup as setup_logs
 
+    ops = pop_ops(flags)
+    setup_logs(ops.log_format, ops.log_level)
     flow = _consume_flow(qdir, workers, required, max_bytes, flags)
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()

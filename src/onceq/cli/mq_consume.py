@@ -9,6 +9,7 @@ import click
 
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
+from onceq.cli.ops_options import ops_options, pop_ops
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
 from onceq.errors import UsageError
@@ -71,6 +72,7 @@ def cli_url() -> str:
     help="A batch: stop once the queue is drained and nothing is in flight.",
 )
 @retry_options
+@ops_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     claim_url: str | None,
@@ -136,8 +138,11 @@ def consume(
     from onceq.amqp.consume import ConsumeOptions, default_db
     from onceq.amqp.consume import consume as run_consume
     from onceq.cli.progress import live_progress
+    from onceq.logs import setup as setup_logs
 
+    ops = pop_ops(flags)
     url = cli_url()
+    setup_logs(ops.log_format, ops.log_level)
     retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
     flow = apply_retry(flow, retry_values)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from onceq.cli.ops_options import ops_options, pop_ops
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 from onceq.ledger_target import describe as describe_target
 
@@ -123,9 +124,15 @@ def _effect_word(flow: Any) -> str:
     type=Seconds(min=0, min_open=True),
     help="Stop every flow cleanly after N seconds (default: run until SIGTERM/SIGINT).",
 )
+@ops_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run(
-    file: Path, names: tuple[str, ...], until_empty: bool, max_seconds: float | None, as_json: bool
+    file: Path,
+    names: tuple[str, ...],
+    until_empty: bool,
+    max_seconds: float | None,
+    as_json: bool,
+    **flags: Any,
 ) -> None:
     """Run the flows of a flow file in one process, into the file's one ledger.
 
@@ -153,8 +160,11 @@ def run(
     """
     import asyncio
 
+    from onceq.logs import setup as setup_logs
     from onceq.runner import run_flows
 
+    ops = pop_ops(flags)
+    setup_logs(ops.log_format, ops.log_level)
     ff = load_or_exit(file, names)
     report = asyncio.run(
         run_flows(ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds)
