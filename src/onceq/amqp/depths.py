@@ -45,6 +45,7 @@ __all__ = [
     "flow_queues",
     "management_api",
     "read_depths",
+    "topology_queues",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,11 @@ def flow_queues(flow: Any) -> list[tuple[str, str]]:
     tier), ("dead", its dead-letter queue) — the names `mq topology` declares for it."""
     from onceq.amqp.topology import Topology
 
-    names = Topology.for_flow(flow)
+    return topology_queues(Topology.for_flow(flow))
+
+
+def topology_queues(names: Any) -> list[tuple[str, str]]:
+    """`flow_queues` of a Topology (`mq status --queue Q` builds one from its options)."""
     return [
         ("ready", names.queue),
         *(("retry", q) for q in names.retry_queues),
