@@ -16,7 +16,6 @@ import sys
 import uuid
 from pathlib import Path
 
-
 from metrics_support import (
     Scrape,
     answers,
