@@ -35,7 +35,11 @@ DEFAULT_FILE = "flows.toml"
     " http://BROKER-HOST:15672 with the AMQP URL's login; off: none).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (stable keys).")
-@click.option("--watch", is_flag=True, help="Refresh a live view until Ctrl-C, with rates.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh a live view until Ctrl-C, with rates (with --json: one document a line).",
+)
 @click.option(
     "--interval",
     type=Seconds(min=0.2),
@@ -124,15 +128,23 @@ def _flows_and_ledger(
 
 
 def _watch(read: Any, interval: float, as_json: bool) -> None:
-    """Refresh until Ctrl-C; the last frame stays on screen, the cursor is restored."""
-    from rich.live import Live
+    """Refresh until Ctrl-C; the last frame stays on screen, the cursor is restored.
 
-    from onceq.cli.output import console
+    With --json: one JSON document a line per refresh (each flow with its "rates"),
+    for a script that follows it; no live view.
+    """
     from onceq.status_watch import Rates
 
     rates = Rates()
-    doc = read()
     try:
+        if as_json:
+            _watch_json(read, interval, rates)
+            return
+        from rich.live import Live
+
+        from onceq.cli.output import console
+
+        doc = read()
         with Live(
             _view(doc, rates.add(doc)), console=console(), auto_refresh=False, transient=False
         ) as live:
@@ -141,11 +153,22 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
                 doc = read()
                 live.update(_view(doc, rates.add(doc)), refresh=True)
     except KeyboardInterrupt:
-        # Ctrl-C is how a watch ends: not an interruption of work, so exit 0. Live's
-        # exit (above) has already shown the cursor again and left the last frame.
-        if as_json:
-            emit_json(doc)
+        # Ctrl-C is how a watch ends, not an interruption of work: exit 0. Live's exit
+        # (above) has already shown the cursor again and left the last frame.
         return
+
+
+def _watch_json(read: Any, interval: float, rates: Any) -> None:
+    import json
+    import sys
+
+    while True:
+        doc = read()
+        for name, r in rates.add(doc).items():
+            doc["flows"][name]["rates"] = r
+        sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+        time.sleep(interval)
 
 
 def _num(n: Any) -> str:
