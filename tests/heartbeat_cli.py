@@ -1,46 +1,33 @@
-"""`python tests/heartbeat_cli.py ARGS` = `onceq ARGS` with a Heartbeat around every consumer.
+"""`python tests/heartbeat_cli.py ARGS` = `onceq ARGS` with a short heartbeat period.
 
-A stand-in for the wiring that belongs to Telemetry.track (h2's `onceq.telemetry`):
-every consume path builds its `Consumer` from its own module's name, so this wrapper
-replaces that name with a subclass whose run() starts a Heartbeat on the consumer's
-ledger and closes it (the final "stopped" row) when the run ends. Everything else is
-the real CLI in a real process: its signals, its stop, its ledger. Once the telemetry
-hub starts heartbeats itself, the tests can run `python -m onceq` instead.
+Telemetry.track (onceq.telemetry) starts a Heartbeat for every consumer it watches,
+with the production period (5 s). A test that wants to see a stale row within seconds
+instead of 15 runs the real CLI through this wrapper, which only shortens the period:
+everything else — the consume paths, their heartbeats, the signals, the stop, the
+ledger — is the real CLI in a real process.
 
-ONCEQ_TEST_HEARTBEAT_EVERY: the period (default 1 s, so that a test sees a stale row
-within seconds instead of 15).
+ONCEQ_TEST_HEARTBEAT_EVERY: the period (default 1 s).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
 
-from onceq.consumer import Consumer
-from onceq.heartbeat import Heartbeat, consumer_state
+import onceq.heartbeat
 
 EVERY = float(os.environ.get("ONCEQ_TEST_HEARTBEAT_EVERY", "1"))
 
 
-class BeatingConsumer(Consumer):
-    async def run(self) -> Any:
-        ledger: Any = self.ledger
-        target = getattr(ledger, "url", None) or ledger.path
-        hb = Heartbeat(target, ledger.flow, consumer_state(self), every=EVERY)
-        await hb.start()
-        try:
-            return await super().run()
-        finally:
-            await hb.aclose()
+class ShortHeartbeat(onceq.heartbeat.Heartbeat):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["every"] = EVERY
+        super().__init__(*args, **kwargs)
 
 
-# onceq.consumer too: the runner imports the name inside its function.
-for name in ("onceq.consumer", "onceq.amqp.consume", "onceq.dirq.run", "onceq.runner"):
-    module = importlib.import_module(name)
-    if hasattr(module, "Consumer"):
-        module.Consumer = BeatingConsumer  # type: ignore[attr-defined]
+# Telemetry.track imports the name at each start: this one is found.
+onceq.heartbeat.Heartbeat = ShortHeartbeat  # type: ignore[misc]
 
 if __name__ == "__main__":
     from onceq.cli import main
