@@ -171,3 +171,32 @@ def test_dirq_consume_counts_reach_metrics_and_equal_the_summary(
     assert final_failures == {"http-422": 2, "http-503": 2, "parse": 1}
     # Every call but the held one was timed, whichever child made it.
     assert before.value("onceq_effect_duration_seconds_count", flow="q") == CALLS - 1
+
+
+def test_workers_parent_healthz_503_from_the_stop_signal(tmp_path: Path) -> None:
+    q = make_invoices(tmp_path / "q")
+    port = free_port()
+    with partner(kind="invoices") as p:
+        p.hold()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onceq", "dirq", "consume", str(q), "--id-field",
+             "invoiceId", "--url", f"{p.url}/api/invoices", "--workers", "2",
+             "--metrics-port", str(port), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: answers(port) and healthz(port)[0] == 200, timeout=30)
+            wait_for(lambda: p.held() >= 1, timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            # The children finish their held calls; the parent says it is stopping.
+            wait_for(lambda: healthz(port) == (503, {"status": "stopping"}), timeout=15)
+            p.release()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 143, err  # a batch stopped before it finished
+    assert json.loads(out)["stopped_by"] == "SIGTERM"
