@@ -288,7 +288,7 @@ class Consumer:
         try:
             outcome = self.decode(d)
         except Exception as exc:
-            log.exception("decoder failed on %s", d.ref)
+            log.exception("decoder failed on %s", d.ref, extra={"event": "decoder-failed"})
             d.msg_id = None  # whatever it set before failing is not a checked id
             return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
         if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
@@ -337,7 +337,9 @@ class Consumer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a handler must not take the message with it
-            log.exception("handler failed on %s", d.ref)
+            log.exception(
+                "handler failed on %s", d.ref, extra={"event": "handler-failed", "msg_id": d.msg_id}
+            )
             outcome = Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
         if self.breaker is not None:
             self.breaker.record(d.msg_id, outcome)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceq.errors import UsageError
 from onceq.ledger_target import Target, as_target, describe
+from onceq.logs import flow_scoped, settled_logger
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
@@ -351,6 +352,7 @@ async def _run_one(
     return {"stats": stats}
 
 
+@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def _run_transport(
     flow: Flow,
     report: RunReport,
@@ -375,7 +377,7 @@ async def _run_transport(
                 book,
                 flow.message.decode,
                 handler or no_effect,
-                on_settled=on_settled,
+                on_settled=settled_logger(flow.name, on_settled),
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
             )

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from onceq.consumer import Consumer, Stats
 from onceq.ledger import Entry
 from onceq.ledger_target import Target, as_target, describe
+from onceq.logs import flow_scoped, settled_logger
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
@@ -121,6 +122,7 @@ def consume(
     return asyncio.run(consume_flow(flow, opts, on_settled=on_settled, on_new_ledger=on_new_ledger))
 
 
+@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def consume_flow(
     flow: Flow,
     opts: ConsumeOptions,
@@ -187,7 +189,7 @@ async def consume_flow(
             # at once, so a slow partner sees prefetch calls in parallel.
             max_in_flight=src.prefetch,
             max_group=max(src.prefetch, 1),
-            on_settled=on_settled,
+            on_settled=settled_logger(flow.name, on_settled),
             # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing
             # is held unacked for a delay (the broker's consumer_timeout, 30 min by
             # default, would close the channel), so the grace below covers it.
@@ -220,6 +222,7 @@ async def consume_flow(
                             "in-flight deliveries did not finish within %.0fs; they return to %s",
                             opts.grace,
                             "the queue",
+                            extra={"event": "grace-expired"},
                         )
                     run.cancel()
                     await asyncio.gather(run, return_exceptions=True)

@@ -1,4 +1,4 @@
-"""The broker URL, its vhost, password-free logging, and the AMQP error boundary.
+"""The broker URL, its vhost, and the AMQP error boundary.
 
 Every aiormq/aio-pika exception that reaches a user passes through `translate`
 (or the `boundary` context manager around it): nowhere else is a third-party
@@ -131,27 +131,21 @@ def vhost_of(url: str) -> str:
     return vhost or "/"
 
 
-class RedactingFormatter(logging.Formatter):
-    """Masks URL passwords in every log line, ours or a library's (aiormq logs URLs)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
-
-
 def setup_logging(level: int = logging.WARNING) -> None:
-    """One stderr handler whose output never contains a password.
+    """The human log set-up at `level`: an alias of `onceq.logs.setup` (one set-up)."""
+    from onceq.logs import LEVELS, setup
 
-    aiormq and aio-pika log every failed connection attempt with a traceback; the
-    command reports that failure itself in one line, so they are quietened to
-    ERROR and their reconnect chatter (robust connections) stays out of the way.
-    """
-    handler = logging.StreamHandler()
-    handler.setFormatter(RedactingFormatter("onceq: %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    for noisy in ("aiormq", "aio_pika"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    names = {v: k for k, v in LEVELS.items()}
+    setup("human", names.get(level, "warning"))
+
+
+def __getattr__(name: str) -> object:
+    # RedactingFormatter lived here before onceq.logs: the old import path still works.
+    if name == "RedactingFormatter":
+        from onceq.logs import RedactingFormatter
+
+        return RedactingFormatter
+    raise AttributeError(name)
 
 
 def _reason(exc: BaseException) -> str:

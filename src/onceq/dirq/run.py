@@ -24,6 +24,7 @@ from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
 from onceq.errors import OnceqError, UsageError
 from onceq.ledger import Entry
+from onceq.logs import flow_scoped, settled_logger
 from onceq.runner import STOP_SIGNALS, Stop
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ async def _consume_stoppable(
         return await consume_flow(flow, db, stop=stop, until_empty=True, on_settled=on_settled)
 
 
+@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def consume_flow(
     flow: Flow,
     db: str | Path | None,
@@ -143,7 +145,7 @@ async def consume_flow(
                 # (the orders preset's is RetryPolicy.none(): quarantined at once).
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
-                on_settled=on_settled,
+                on_settled=settled_logger(flow.name, on_settled),
             )
             consumer.stats.dead_word = DEAD_WORD
             stop.add(consumer.stop)
