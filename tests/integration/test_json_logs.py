@@ -1,0 +1,211 @@
+"""`--log-format json` on real runs: every stderr line is a JSON object with time, level
+and event; the dead and retried messages are there with their reasons; no password or
+header value anywhere; a dropped broker connection is logged with the flow's name.
+
+Real processes: `onceq mq consume` against RabbitMQ as a user of the test's own (a
+password that must not leak), `onceq dirq consume` against a scripted HTTP partner
+whose URL carries a password and whose calls carry a secret header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dirq_retry_support import make_queue, scripted_partner
+from mq_support import (
+    EXERCISE,
+    claim_doc,
+    cli,
+    consumers,
+    count,
+    ctl,
+    partner,
+    publish,
+    topology,
+    vhost,
+    wait_for,
+    write_claims,
+)
+from support import run_cli
+
+JSON = ("--log-format", "json", "--log-level", "info")
+
+
+@pytest.fixture
+def user_url(amqp_url: str) -> Iterator[tuple[str, str]]:
+    """(URL, password) of a broker user made for this test alone, on the test's vhost."""
+    name = f"onceq-logs-{uuid.uuid4().hex[:8]}"
+    password = f"pw-{uuid.uuid4().hex}"
+    ctl("add_user", name, password)
+    try:
+        ctl("set_permissions", "-p", vhost(amqp_url), name, ".*", ".*", ".*")
+        yield amqp_url.replace("guest:guest@", f"{name}:{password}@", 1), password
+    finally:
+        ctl("delete_user", name)
+
+
+def json_lines(stderr: str) -> list[dict[str, Any]]:
+    """Every stderr line as an object; fails on the first line that is not one."""
+    out = []
+    for n, line in enumerate(stderr.splitlines(), 1):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"stderr line {n} is not JSON: {line!r}") from None
+        assert isinstance(obj, dict), line
+        for key in ("time", "level", "event"):
+            assert obj.get(key), (key, line)
+        out.append(obj)
+    return out
+
+
+def by_event(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [ln for ln in lines if ln["event"] == event]
+
+
+def _claims(tmp_path: Path) -> list[Path]:
+    return write_claims(
+        tmp_path / "c",
+        [
+            claim_doc("ok-1"),
+            claim_doc("ok-2"),
+            claim_doc("rej-1", docs=[]),  # 422: dead at once
+            claim_doc("busy-1", claim_id="BUSY-1"),  # 503: requeued once, then dead
+        ],
+    )
+
+
+def test_mq_consume_logs_json_lines_with_the_verdicts_and_no_password(
+    user_url: tuple[str, str], tmp_path: Path
+) -> None:
+    url, password = user_url
+    topology(url)
+    publish(url, *_claims(tmp_path))
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        r = cli(url, "mq", "consume", "--claim", p.url, "--db", str(db), "--json",
+                *EXERCISE, "--until-empty", *JSON)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert password not in r.stderr and password not in r.stdout
+    lines = json_lines(r.stderr)
+    summary = json.loads(r.stdout)
+    assert summary["reasons"] == {"http-422": 1, "http-503": 1}
+    dead = {ln["msg_id"]: ln for ln in by_event(lines, "dead")}
+    assert set(dead) == {"rej-1", "busy-1"}
+    assert dead["rej-1"]["reason"] == "http-422" and dead["rej-1"]["attempt"] == 1
+    assert dead["busy-1"]["reason"] == "http-503" and dead["busy-1"]["attempt"] == 2
+    (retry,) = by_event(lines, "retry")  # the exercise's rule: requeued once, at once
+    assert (retry["msg_id"], retry["reason"], retry["delay"]) == ("busy-1", "http-503", 0)
+    assert {ln["flow"] for ln in [*dead.values(), retry]} == {"default"}
+    assert by_event(lines, "new-ledger"), "the run's own stderr note is a JSON line too"
+    assert not [ln for ln in lines if ln.get("msg_id") in ("ok-1", "ok-2")]  # successes: quiet
+
+
+def test_the_human_format_is_the_default_and_unchanged(amqp_url: str, tmp_path: Path) -> None:
+    topology(amqp_url)
+    publish(amqp_url, *_claims(tmp_path))
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        r = cli(amqp_url, "mq", "consume", "--claim", p.url, "--db", str(db), "--json",
+                *EXERCISE, "--until-empty")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        # The default level (warning): only the new ledger's note, as before.
+        assert r.stderr.splitlines() == [f"onceq: new ledger at {db}: no message seen before"]
+        publish(amqp_url, *_claims(tmp_path / "again"))
+        r = cli(amqp_url, "mq", "consume", "--claim", p.url, "--db", str(db), "--json",
+                *EXERCISE, "--until-empty", "--log-level", "info")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert "onceq: INFO onceq.messages: duplicate ok-1" in lines
+    # rej-1 again: its second dead letter (the ledger counts attempts across runs).
+    assert "onceq: INFO onceq.messages: dead rej-1: http-422 (attempt 2)" in lines
+    assert not [ln for ln in lines if ln.startswith("{")]
+
+
+def _connections(url: str) -> list[str]:
+    # The table form: its pids are what close_connection accepts (JSON's "#PID<…>" is not).
+    lines = ctl("list_connections", "pid", "vhost").splitlines()
+    return [pid for pid, v in (ln.split("\t") for ln in lines if "\t" in ln) if v == vhost(url)]
+
+
+def test_a_dropped_connection_is_logged_with_the_flow_name(
+    user_url: tuple[str, str], tmp_path: Path
+) -> None:
+    url, password = user_url
+    topology(url)
+    db = tmp_path / "processed.db"
+    with partner() as p:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onceq", "mq", "consume", "--claim", p.url,
+             "--db", str(db), "--json", *EXERCISE, "--flow", "claims-watch", *JSON],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "EAI_AMQP_URL": url},
+        )  # fmt: skip
+        try:
+            wait_for(lambda: consumers(url) == 1, timeout=30, step=0.2)
+            pids = _connections(url)
+            assert len(pids) == 1, pids
+            ctl("close_connection", pids[0], "onceq test: dropped on purpose")
+            # Back once a new connection has its consumer registered again.
+            wait_for(lambda: _connections(url) not in ([], pids), timeout=30, step=0.3)
+            wait_for(lambda: consumers(url) == 1, timeout=30, step=0.2)
+            publish(url, *write_claims(tmp_path / "c", [claim_doc("after-drop")]))
+            wait_for(lambda: count(db, "processed") == 1, timeout=30)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert password not in err and password not in out
+    lines = json_lines(err)
+    (lost,) = by_event(lines, "connection-lost")
+    (back,) = by_event(lines, "reconnected")
+    assert lost["flow"] == back["flow"] == "claims-watch"
+    assert lost["level"] == back["level"] == "warning"
+    assert lines.index(lost) < lines.index(back)
+    assert "***@" in lost["message"]  # the URL is named, its password masked
+
+
+def test_dirq_consume_logs_json_lines_with_no_password_or_header_value(tmp_path: Path) -> None:
+    q = make_queue(tmp_path, ["ok", "rej", "flaky", "down"])
+    token = f"key-{uuid.uuid4().hex}"
+    plan = {
+        "rej": [(422, None)],
+        "flaky": [(503, None)],  # then 201: retried after 1 s
+        "down": [(503, None), (503, None)],  # out of attempts: dead
+    }
+    with scripted_partner(plan=plan) as p:
+        secret_url = p.url.replace("http://", "http://user:s3cretPW@", 1)
+        r = run_cli(
+            "dirq", "consume", str(q), "--id-field", "id", "--url", secret_url,
+            "--header", f"X-Api-Key: {token}", "--flow", "invoices", "--json",
+            "--immediate-retries", "0", "--retry-delays", "1s", "--no-breaker", *JSON,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for secret in ("s3cretPW", token):
+        assert secret not in r.stderr and secret not in r.stdout
+    lines = json_lines(r.stderr)
+    assert json.loads(r.stdout)["reasons"] == {"http-422": 1, "http-503": 1}
+    dead = {ln["msg_id"]: ln for ln in by_event(lines, "dead")}
+    assert {k: (v["reason"], v["attempt"]) for k, v in dead.items()} == {
+        "rej": ("http-422", 1),
+        "down": ("http-503", 2),
+    }
+    retried = {ln["msg_id"]: ln for ln in by_event(lines, "retry")}
+    assert {k: (v["reason"], v["delay"]) for k, v in retried.items()} == {
+        "flaky": ("http-503", 1.0),
+        "down": ("http-503", 1.0),
+    }
+    assert {ln["flow"] for ln in [*dead.values(), *retried.values()]} == {"invoices"}
+    assert p.by_id()["flaky"] == [503, 201]
