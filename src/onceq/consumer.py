@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,9 @@ class Consumer:
         self.leases = Leases(inflight)  # opened by `run` when there is a call
         self.on_settled = on_settled
         self.stats = Stats()
+        # Set by a watcher (onceq.telemetry) to time each call: None costs one check.
+        self.effect_timer: Any = None  # onceq.metrics.Durations | None
+        self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Event] = {}
@@ -196,6 +200,16 @@ class Consumer:
             self.holds.close()
             await self.leases.aclose()
         return self.stats
+
+    @property
+    def in_flight(self) -> int:
+        """Deliveries received and not yet settled (or given up at a stop): the slots taken."""
+        return self.max_in_flight - self._slots._value
+
+    @property
+    def stopping(self) -> bool:
+        """`stop()` was called: no new call starts (a health check answers 503)."""
+        return self._stopped
 
     def stop(self) -> None:
         """A real stop (signal, deadline): take nothing more, start no new handler call.
@@ -332,6 +346,8 @@ class Consumer:
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
         if self.breaker is not None and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
+        timer = self.effect_timer
+        started = time.perf_counter() if timer is not None else 0.0
         try:
             outcome = await self.handler(d, decoded.fields)
         except asyncio.CancelledError:
@@ -341,6 +357,8 @@ class Consumer:
                 "handler failed on %s", d.ref, extra={"event": "handler-failed", "msg_id": d.msg_id}
             )
             outcome = Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
+        if timer is not None:  # the call only: not the ledger read, not a wait for a turn
+            timer.observe(time.perf_counter() - started)
         if self.breaker is not None:
             self.breaker.record(d.msg_id, outcome)
         return outcome

@@ -10,6 +10,9 @@
     headers = { Authorization = "Bearer ${INVOICE_TOKEN}" }
     [flows.invoices.retry]           # and [flows.invoices.breaker]: onceq.flowfile_retry
     delays = ["5s", "30s"]
+    [metrics]                        # optional: /metrics and /healthz (flags override)
+    port = 9464
+    host = "127.0.0.1"
 
 Every mistake is collected (not only the first), each as one line
 `FILE: line N: flows.invoices.http.url: why`, so `onceq check` shows them all and a
@@ -35,6 +38,7 @@ from onceq.flowfile_keys import (
     DIRQ_ONLY,
     ENV,
     FLOW_KEYS,
+    METRICS_KEYS,
     RABBIT_ONLY,
     TOP_KEYS,
     Mistakes,
@@ -64,6 +68,10 @@ class FlowFile:
     path: Path
     ledger: Target
     flows: list[Flow] = field(default_factory=list)
+    # [metrics]: where `onceq run` serves /metrics and /healthz (None: not served /
+    # the default host); --metrics-port and --metrics-host override them.
+    metrics_port: int | None = None
+    metrics_host: str | None = None
 
 
 def load_flows(path: str | Path, names: list[str] | tuple[str, ...] = ()) -> FlowFile:
@@ -127,6 +135,7 @@ def _build(doc: dict[str, Any], base: Path, m: Mistakes, names: tuple[str, ...])
         if k not in TOP_KEYS:
             m.add(k, f"unknown key (expected: {', '.join(sorted(TOP_KEYS))})")
     out = FlowFile(Path(), _ledger(doc, base, m))
+    out.metrics_host, out.metrics_port = _metrics(doc, m)
     flows = doc.get("flows")
     if not isinstance(flows, dict) or not flows:
         m.add("flows", "no [flows.NAME] table: a flow file needs at least one flow")
@@ -167,6 +176,29 @@ def _ledger(doc: dict[str, Any], base: Path, m: Mistakes) -> Target:
         return base / "ledger.db"
     # base / a URL would make it a path; an absolute path stays as it is.
     return target if isinstance(target, str) else base / target
+
+
+def _metrics(doc: dict[str, Any], m: Mistakes) -> tuple[str | None, int | None]:
+    """The file's [metrics] table: host (text) and port (1-65535), each mistake one line."""
+    if "metrics" not in doc:
+        return None, None
+    t = doc["metrics"]
+    if not isinstance(t, dict):
+        m.add("metrics", "must be a table ([metrics] with host and port)")
+        return None, None
+    t = _expand(t, "metrics", m)
+    for k in t:
+        if k not in METRICS_KEYS:
+            m.add(f"metrics.{k}", f"unknown key (expected: {', '.join(sorted(METRICS_KEYS))})")
+    host = get(t, "host", str, m, "metrics")
+    if host is not None and not host.strip():
+        m.add("metrics.host", "must be an address or a host name, not empty")
+        host = None
+    port = get(t, "port", int, m, "metrics")
+    if isinstance(port, int) and not 1 <= port <= 65535:
+        m.add("metrics.port", f"must be 1-65535, not {port}")
+        port = None
+    return host, port
 
 
 def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from onceq.errors import UsageError
 
-TOP_KEYS = {"ledger", "flows"}
+TOP_KEYS = {"ledger", "flows", "metrics"}
+METRICS_KEYS = {"host", "port"}  # [metrics]: where /metrics and /healthz are served
 DIRQ_ONLY = {"path", "workers"}
 RABBIT_ONLY = {
     "url",

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from onceq.redact import redact_text
 
@@ -43,11 +42,9 @@ __all__ = [
     "JsonFormatter",
     "RedactingFormatter",
     "flow_context",
-    "flow_scoped",
     "json_mode",
     "log_group",
     "say",
-    "settled_logger",
     "setup",
 ]
 
@@ -100,6 +97,10 @@ EVENTS: dict[str, str] = {
     "consumer-timeout-unread": "the consumer_timeout could not be read or compared (debug)",
     # the directory queue
     "retry-time-unset": "a file's retry time could not be set: it is due at once",
+    # the metrics (onceq.telemetry, onceq.metrics_queues)
+    "depth-reader-stopped": "the queue depth reader failed: the depth figures stop, not the run",
+    "depths-unavailable": "no queue depth reader in this build for a RabbitMQ flow (debug)",
+    "report-failed": "a --workers child could not send its counts to the parent (debug)",
     # the CLI's own lines, and lines of other libraries
     "error": "the command failed (the one line it exits with)",
     "new-ledger": "this run made a new ledger: it has seen no message before",
@@ -112,7 +113,6 @@ EVENTS: dict[str, str] = {
 # opened it.
 FLOW: contextvars.ContextVar[str | None] = contextvars.ContextVar("onceq_flow", default=None)
 
-T = TypeVar("T")
 _format = "human"
 # Fields of a record's `extra` a JSON line carries, besides the fixed ones.
 EXTRA_FIELDS = ("msg_id", "reason", "attempt", "delay", "ref")
@@ -127,34 +127,6 @@ def flow_context(name: str | None) -> Iterator[None]:
         yield
     finally:
         FLOW.reset(token)
-
-
-def flow_scoped(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """A consume path `async def f(flow, ...)` run inside `flow_context(flow.name)`.
-
-    A decorator, not a `with` in the body: the transport's connection and its tasks are
-    made inside, so its callbacks (a lost connection) carry the flow's name too.
-    """
-
-    @functools.wraps(fn)
-    async def scoped(flow: Any, *args: Any, **kwargs: Any) -> T:
-        with flow_context(getattr(flow, "name", None)):
-            return await fn(flow, *args, **kwargs)
-
-    return scoped
-
-
-def settled_logger(
-    flow: str, then: Callable[[Sequence[Any]], None] | None = None
-) -> Callable[[Sequence[Any]], None]:
-    """A Consumer's `on_settled`: `log_group(flow, group)`, then `then(group)` if given."""
-
-    def settled(group: Sequence[Any]) -> None:
-        log_group(flow, group)
-        if then is not None:
-            then(group)
-
-    return settled
 
 
 class _FlowFilter(logging.Filter):
@@ -272,8 +244,10 @@ def log_group(flow: str, group: Sequence[Any]) -> None:
     """
     if not _messages.isEnabledFor(logging.INFO):
         return
+    from onceq.stats import outcome_of
+
     for e in group:
-        event = _event_of(e)
+        event = OUTCOME_EVENTS[outcome_of(e)]
         if event is None:
             continue
         d = e.delivery
@@ -299,18 +273,14 @@ def log_group(flow: str, group: Sequence[Any]) -> None:
         _messages.info(text, extra=extra)
 
 
-def _event_of(e: Any) -> str | None:
-    """The entry's event, told as onceq.stats.Stats.add tells its count; None: a success."""
-    from onceq.transport import Kind, Settle
-
-    if e.recovered:
-        return "recovered"
-    if e.kind is Kind.SUCCESS:
-        return "duplicate" if e.fields.get("partner_duplicate") else None
-    if e.kind is Kind.DUPLICATE:
-        return "duplicate"
-    if e.settle is Settle.RELEASE:
-        return "held"
-    if e.settle in (Settle.REQUEUE, Settle.DELAY):
-        return "retry"
-    return "dead"
+# Each onceq.stats outcome (what Stats and onceq_messages_total count) as its event:
+# one table tells an entry's outcome, so a log line and a counter never disagree.
+OUTCOME_EVENTS: dict[str, str | None] = {
+    "processed": None,  # a plain success: counted, not logged
+    "partner_duplicates": "duplicate",
+    "duplicates": "duplicate",
+    "recovered": "recovered",
+    "requeued": "retry",
+    "held": "held",
+    "dead": "dead",
+}

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from onceq.errors import UsageError
 from onceq.ledger_target import Target, as_target, describe
-from onceq.logs import flow_scoped, settled_logger
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
     from onceq.flow import Flow
     from onceq.ledger import Entry
+    from onceq.telemetry import Telemetry
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
@@ -206,14 +206,25 @@ def run(
     ledger: str | Path,
     until_empty: bool = False,
     max_seconds: float | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> dict[str, Stats]:
     """Run the flows until stopped (or, with `until_empty`, until every source is empty).
 
     Returns each flow's counts by name. Signals are handled only when called from
     the main thread; `max_seconds` stops every flow cleanly after that long.
+    `metrics_port` serves /metrics and /healthz on metrics_host:metrics_port for
+    the run (a port in use: `Conflict` before anything is touched).
     """
     return asyncio.run(
-        run_async(*flows, ledger=ledger, until_empty=until_empty, max_seconds=max_seconds)
+        run_async(
+            *flows,
+            ledger=ledger,
+            until_empty=until_empty,
+            max_seconds=max_seconds,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
     )
 
 
@@ -222,9 +233,16 @@ async def run_async(
     ledger: str | Path,
     until_empty: bool = False,
     max_seconds: float | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> dict[str, Stats]:
     """`run` inside a running event loop."""
-    report = await run_flows(flows, ledger, until_empty=until_empty, max_seconds=max_seconds)
+    from onceq.telemetry import OpsOptions, Telemetry
+
+    telemetry = Telemetry(OpsOptions(metrics_port=metrics_port, metrics_host=metrics_host))
+    report = await run_flows(
+        flows, ledger, until_empty=until_empty, max_seconds=max_seconds, telemetry=telemetry
+    )
     return report.stats
 
 
@@ -235,11 +253,34 @@ async def run_flows(
     until_empty: bool = False,
     max_seconds: float | None = None,
     on_settled: Callable[[str, Sequence[Entry]], None] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> RunReport:
-    """Run `flows` side by side; what `onceq run` and `onceq.run` share."""
+    """Run `flows` side by side; what `onceq run` and `onceq.run` share.
+
+    `telemetry` serves /metrics and /healthz from before any source is checked until
+    every flow's final counts are in.
+    """
+    from onceq.telemetry import Telemetry
+
+    tel = telemetry or Telemetry()
+    flows = check_flows(flows)
+    tel.bind()  # before any source or ledger: a port in use touches nothing
+    async with tel.serving():
+        for f in flows:
+            tel.expect(f)
+        return await _run_flows(flows, ledger, until_empty, max_seconds, on_settled, tel)
+
+
+async def _run_flows(
+    flows: Sequence[Flow],
+    ledger: str | Path,
+    until_empty: bool,
+    max_seconds: float | None,
+    on_settled: Callable[[str, Sequence[Entry]], None] | None,
+    tel: Telemetry,
+) -> RunReport:
     from onceq.consumer import Stats
 
-    flows = check_flows(flows)
     if max_seconds is not None and not max_seconds > 0:
         raise UsageError(f"max_seconds must be a positive number, not {max_seconds}")
     # Checked before any source: a mistyped URL is refused (exit 2) with nothing touched.
@@ -263,7 +304,7 @@ async def run_flows(
             deadline = loop.call_later(max_seconds, on_deadline)
         tasks = [
             asyncio.create_task(
-                _run_one(f, report, stop, gate, until_empty, on_settled),
+                _run_one(f, report, stop, gate, until_empty, on_settled, tel),
                 name=f"onceq-flow-{f.name}",
             )
             for f, _ in jobs
@@ -311,6 +352,7 @@ async def _run_one(
     gate: Gate,
     until_empty: bool,
     on_settled: Callable[[str, Sequence[Entry]], None] | None,
+    tel: Telemetry,
 ) -> dict[str, Any]:
     settled = None if on_settled is None else (lambda group: on_settled(flow.name, group))
     ledger = report.ledger
@@ -330,6 +372,7 @@ async def _run_one(
             on_new_ledger=on_new_ledger,
             stop=stop,
             before_ledger=gate.arrive,
+            telemetry=tel,
         )
         return {
             "stats": result.stats,
@@ -337,7 +380,8 @@ async def _run_one(
             "unsettled": result.unsettled,
         }
     if flow.kind == "transport":
-        return {"stats": await _run_transport(flow, report, stop, gate, settled)}
+        with tel.flow_context(flow.name):
+            return {"stats": await _run_transport(flow, report, stop, gate, settled, tel)}
     from onceq.dirq.run import consume_flow as consume_dir
 
     stats = await consume_dir(
@@ -348,17 +392,18 @@ async def _run_one(
         on_settled=settled,
         before_ledger=gate.arrive,
         on_new_ledger=on_new_ledger,
+        telemetry=tel,
     )
     return {"stats": stats}
 
 
-@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def _run_transport(
     flow: Flow,
     report: RunReport,
     stop: Stop,
     gate: Gate,
     on_settled: Callable[[Sequence[Entry]], None] | None,
+    tel: Telemetry,
 ) -> Stats:
     """A flow over a Transport instance (a MemoryTransport in a user's tests)."""
     from onceq.consumer import Consumer, no_effect
@@ -377,13 +422,14 @@ async def _run_transport(
                 book,
                 flow.message.decode,
                 handler or no_effect,
-                on_settled=settled_logger(flow.name, on_settled),
+                on_settled=on_settled,
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
             )
             stop.add(consumer.stop)
             try:
-                return await consumer.run()
+                async with tel.track(flow, consumer, flow.source):
+                    return await consumer.run()
             finally:
                 stop.discard(consumer.stop)
     finally:

@@ -26,6 +26,35 @@ COUNTS = (
 )
 
 
+# Each settled entry's counter (a field of Stats) and the word /metrics gives it
+# (onceq_messages_total{outcome=...}): one table, so a summary and a scrape of the same
+# run can never disagree about what an entry was.
+OUTCOMES: dict[str, str] = {
+    "processed": "processed",
+    "duplicates": "duplicate",
+    "partner_duplicates": "partner_duplicate",
+    "recovered": "recovered",
+    "requeued": "retried",
+    "held": "held",
+    "dead": "dead",
+}
+
+
+def outcome_of(e: Entry) -> str:
+    """The Stats counter a settled entry adds to (a key of OUTCOMES)."""
+    if e.recovered:
+        return "recovered"
+    if e.kind is Kind.SUCCESS:
+        return "partner_duplicates" if e.fields.get("partner_duplicate") else "processed"
+    if e.kind is Kind.DUPLICATE:
+        return "duplicates"
+    if e.settle is Settle.RELEASE:
+        return "held"
+    if e.settle in (Settle.REQUEUE, Settle.DELAY):
+        return "requeued"
+    return "dead"
+
+
 @dataclass
 class Stats:
     """What one run did, by final outcome.
@@ -55,22 +84,11 @@ class Stats:
     dead_word: str = field(default="dead", compare=False)
 
     def add(self, e: Entry) -> None:
-        if e.recovered:
-            self.recovered += 1
-        elif e.kind is Kind.SUCCESS:
-            if e.fields.get("partner_duplicate"):
-                self.partner_duplicates += 1
-            else:
-                self.processed += 1
-        elif e.kind is Kind.DUPLICATE:
-            self.duplicates += 1
-        elif e.settle is Settle.RELEASE:
-            self.held += 1
-        elif e.settle in (Settle.REQUEUE, Settle.DELAY):
-            self.requeued += 1
+        word = outcome_of(e)
+        setattr(self, word, getattr(self, word) + 1)
+        if word == "requeued":
             self.requeued_reasons[e.reason] += 1
-        else:
-            self.dead += 1
+        elif word == "dead":
             self.reasons[e.reason] += 1
 
     @property

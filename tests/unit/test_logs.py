@@ -204,23 +204,6 @@ def test_a_record_carries_the_flow_of_its_context_and_its_tasks() -> None:
     ]
 
 
-def test_flow_scoped_runs_a_consume_path_inside_its_flow() -> None:
-    err = json_setup()
-
-    class F:
-        name = "claims"
-
-    @logs.flow_scoped
-    async def consume(flow: Any, n: int) -> int:
-        logging.getLogger("onceq.test").warning("working")
-        return n + 1
-
-    assert asyncio.run(consume(F(), 1)) == 2
-    assert logs.FLOW.get() is None
-    (line,) = lines(err)
-    assert line["flow"] == "claims"
-
-
 def entry(msg_id: str, kind: Kind, settle: Settle, reason: str = "", **kw: Any) -> Entry:
     delay = kw.pop("delay", 0.0)
     fields = kw.pop("fields", {})
@@ -298,3 +281,11 @@ def test_say_is_the_plain_line_or_a_json_object(capsys: pytest.CaptureFixture[st
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="human or json"):
         logs.setup("xml")
+
+
+def test_every_outcome_the_counters_know_has_its_event() -> None:
+    """A new outcome in onceq.stats must be given an event (or None: not logged)."""
+    from onceq.stats import OUTCOMES
+
+    assert set(logs.OUTCOME_EVENTS) == set(OUTCOMES)
+    assert {e for e in logs.OUTCOME_EVENTS.values() if e} <= set(logs.EVENTS)

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from onceq.consumer import Consumer, Stats
 from onceq.ledger import Entry
 from onceq.ledger_target import Target, as_target, describe
-from onceq.logs import flow_scoped, settled_logger
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
     from onceq.runner import Stop
+    from onceq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,15 @@ def consume(
     flow: Flow | None = None,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
     on_new_ledger: Callable[[Target], None] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> ConsumeResult:
     """Run a consumer until the deadline or a signal; returns what it did.
 
     `flow` is a Flow over a RabbitSource (default: the claims preset from `opts`);
     `url` is the broker's, used when the source names none.
     `on_new_ledger(path)` is called when the run made its ledger (it has seen nothing).
+    `telemetry` serves /metrics and /healthz from before the broker is asked until
+    after the final counts (its port bound first: a port in use consumes nothing).
     """
     if flow is None:
         from onceq.flow import claims_flow
@@ -119,10 +122,20 @@ def consume(
     elif flow.source.url is None:
         flow = dataclasses.replace(flow, source=dataclasses.replace(flow.source, url=url))
     flow.validate()
-    return asyncio.run(consume_flow(flow, opts, on_settled=on_settled, on_new_ledger=on_new_ledger))
+    from onceq.telemetry import Telemetry
+
+    tel = telemetry or Telemetry()
+    tel.bind()
+
+    async def served() -> ConsumeResult:
+        async with tel.serving():
+            return await consume_flow(
+                flow, opts, on_settled=on_settled, on_new_ledger=on_new_ledger, telemetry=tel
+            )
+
+    return asyncio.run(served())
 
 
-@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def consume_flow(
     flow: Flow,
     opts: ConsumeOptions,
@@ -131,14 +144,31 @@ async def consume_flow(
     on_new_ledger: Callable[[Target], None] | None = None,
     stop: Stop | None = None,
     before_ledger: Callable[[], Awaitable[None]] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> ConsumeResult:
     """One consumer of a RabbitMQ flow: the loop `mq consume` and `onceq run` share.
 
     Without `stop` it handles this process's signals itself (`mq consume`: a second
     signal cuts the grace short); with one, the caller does (`onceq run`: one stop for
     every flow). `before_ledger` is awaited once the broker has the queue and before
-    the ledger is opened.
+    the ledger is opened. `telemetry` watches the consumer (its server is the caller's).
     """
+    from onceq.telemetry import Telemetry
+
+    tel = telemetry or Telemetry()
+    with tel.flow_context(flow.name):
+        return await _consume_flow(flow, opts, on_settled, on_new_ledger, stop, before_ledger, tel)
+
+
+async def _consume_flow(
+    flow: Flow,
+    opts: ConsumeOptions,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+    on_new_ledger: Callable[[Target], None] | None,
+    stop: Stop | None,
+    before_ledger: Callable[[], Awaitable[None]] | None,
+    telemetry: Telemetry,
+) -> ConsumeResult:
     from onceq.amqp.topology import Topology
     from onceq.amqp.transport import AmqpTransport
     from onceq.amqp.url import amqp_url
@@ -166,7 +196,6 @@ async def consume_flow(
         topology=topology,
         call_timeout=getattr(flow.effect, "timeout", None),
     )
-    loop = asyncio.get_running_loop()
     ledger: Any = None  # Ledger | PgLedger (onceq.ledger_target.open_ledger)
     signals = stop.installed() if own_signals else contextlib.nullcontext(stop)
     try:
@@ -189,7 +218,7 @@ async def consume_flow(
             # at once, so a slow partner sees prefetch calls in parallel.
             max_in_flight=src.prefetch,
             max_group=max(src.prefetch, 1),
-            on_settled=settled_logger(flow.name, on_settled),
+            on_settled=on_settled,
             # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing
             # is held unacked for a delay (the broker's consumer_timeout, 30 min by
             # default, would close the channel), so the grace below covers it.
@@ -203,39 +232,46 @@ async def consume_flow(
         # transport.stop: a real stop also means no new call starts for deliveries
         # received but not yet called.
         stop.add(consumer.stop, stopped=transport.stopped.is_set)
-        with signals:
-            if opts.max_seconds is not None:
-                loop.call_later(opts.max_seconds, stop.request)
-            run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
-            stop_wait = asyncio.create_task(transport.stopped.wait())
-            await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-            stop_wait.cancel()
-            if not run.done():
-                abort_wait = asyncio.create_task(stop.abort.wait())
-                await asyncio.wait(
-                    [run, abort_wait], timeout=opts.grace, return_when=asyncio.FIRST_COMPLETED
-                )
-                abort_wait.cancel()
-                if not run.done():
-                    if not stop.abort.is_set():
-                        log.warning(
-                            "in-flight deliveries did not finish within %.0fs; they return to %s",
-                            opts.grace,
-                            "the queue",
-                            extra={"event": "grace-expired"},
-                        )
-                    run.cancel()
-                    await asyncio.gather(run, return_exceptions=True)
-                    return _result(
-                        consumer.stats, transport, opts, stop.signals, stop.abort.is_set()
-                    )
-            stats = run.result()  # raises the ledger's error, if it failed
-            return _result(stats, transport, opts, stop.signals, False)
+        async with telemetry.track(flow, consumer, transport):
+            with signals:
+                return await _drive(consumer, transport, opts, stop)
     finally:
         await transport.close()
         await close_effect(handler)
         if ledger is not None:
             ledger.close()
+
+
+async def _drive(
+    consumer: Consumer, transport: Any, opts: ConsumeOptions, stop: Stop
+) -> ConsumeResult:
+    """Run the consumer until it ends or the stop; the grace bounds a stop's finishing."""
+    loop = asyncio.get_running_loop()
+    if opts.max_seconds is not None:
+        loop.call_later(opts.max_seconds, stop.request)
+    run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
+    stop_wait = asyncio.create_task(transport.stopped.wait())
+    await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    if not run.done():
+        abort_wait = asyncio.create_task(stop.abort.wait())
+        await asyncio.wait(
+            [run, abort_wait], timeout=opts.grace, return_when=asyncio.FIRST_COMPLETED
+        )
+        abort_wait.cancel()
+        if not run.done():
+            if not stop.abort.is_set():
+                log.warning(
+                    "in-flight deliveries did not finish within %.0fs; they return to %s",
+                    opts.grace,
+                    "the queue",
+                    extra={"event": "grace-expired"},
+                )
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            return _result(consumer.stats, transport, opts, stop.signals, stop.abort.is_set())
+    stats = run.result()  # raises the ledger's error, if it failed
+    return _result(stats, transport, opts, stop.signals, False)
 
 
 def _result(

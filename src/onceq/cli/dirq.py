@@ -20,13 +20,14 @@ from onceq.cli.dirq_results import (
     schema,
 )
 from onceq.cli.flow_options import flow_options
-from onceq.cli.ops_options import ops_options, pop_ops
+from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
 from onceq.ledger_target import Target
 
 if TYPE_CHECKING:
     from onceq.consumer import Stats
+    from onceq.telemetry import Telemetry
 
 
 @click.group()
@@ -142,13 +143,14 @@ def consume(
     ops = pop_ops(flags)
     setup_logs(ops.log_format, ops.log_level)
     flow = _consume_flow(qdir, workers, required, max_bytes, flags)
+    telemetry = telemetry_for(ops)  # the port first: in use, nothing is touched
     # Refuse a missing queue or an unopenable ledger before any progress display starts.
     queue = DirQueue(qdir).check()
     with open_ledger(flow, db or queue.default_db, "dirq") as ledger:
         if ledger.created:
             note_new_ledger(ledger.path)
     try:
-        stats = _run_consume(flow, db, workers)
+        stats = _run_consume(flow, db, workers, telemetry)
     except Interrupted as exc:
         # A clean stop: what it did is printed like a finished run's, then the one
         # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
@@ -195,14 +197,14 @@ def _base_flow(
     )
 
 
-def _run_consume(flow: Any, db: Target | None, workers: int) -> Stats:
+def _run_consume(flow: Any, db: Target | None, workers: int, telemetry: Telemetry) -> Stats:
     from onceq.cli.progress import live_progress
     from onceq.dirq.run import DEAD_WORD, consume, consume_parallel
 
     if workers > 1:  # the work is in child processes; they report only at their end
-        return consume_parallel(flow, db, None, workers)
+        return consume_parallel(flow, db, None, workers, telemetry)
     with live_progress(str(flow.source.path), DEAD_WORD) as on_settled:
-        return consume(flow, db, on_settled=on_settled)
+        return consume(flow, db, on_settled=on_settled, telemetry=telemetry)
 
 
 def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:

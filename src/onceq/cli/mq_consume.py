@@ -9,7 +9,7 @@ import click
 
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
-from onceq.cli.ops_options import ops_options, pop_ops
+from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
 from onceq.errors import UsageError
@@ -144,6 +144,7 @@ def consume(
     ops = pop_ops(flags)
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
+    telemetry = telemetry_for(ops)
     retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
     flow = apply_retry(flow, retry_values)
@@ -158,7 +159,12 @@ def consume(
     qname = flow.source.queue
     with live_progress(qname, "dead") as on_settled:
         result = run_consume(
-            url, opts, flow=flow, on_settled=on_settled, on_new_ledger=note_new_ledger
+            url,
+            opts,
+            flow=flow,
+            on_settled=on_settled,
+            on_new_ledger=note_new_ledger,
+            telemetry=telemetry,
         )
     if as_json:
         emit_json(result.as_dict())

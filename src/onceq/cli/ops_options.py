@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from onceq.telemetry import LOG_FORMATS, OpsOptions
+from onceq.telemetry import LOG_FORMATS, OpsOptions, Telemetry
 
 OPS_KEYS = ("metrics_port", "metrics_host", "log_format", "log_level")
 
@@ -26,8 +26,10 @@ def ops_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--metrics-host",
-            default="127.0.0.1",
-            show_default=True,
+            # No default here: `onceq run` takes a flow file's [metrics] host unless
+            # this flag is given; OpsOptions' default (127.0.0.1) applies otherwise.
+            default=None,
+            show_default="127.0.0.1",
             metavar="HOST",
             help="Address the metrics server listens on (0.0.0.0: every interface).",
         ),
@@ -54,4 +56,12 @@ def ops_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def pop_ops(flags: dict[str, Any]) -> OpsOptions:
     """The four options out of a command's keyword arguments, as one OpsOptions."""
     values = {k: flags.pop(k) for k in OPS_KEYS if k in flags}
-    return OpsOptions(**values)
+    return OpsOptions(**{k: v for k, v in values.items() if v is not None})
+
+
+def telemetry_for(ops: OpsOptions) -> Telemetry:
+    """The command's Telemetry, its port already bound: before the command checks its
+    queue or opens its ledger, so a port in use (exit 4) consumes and creates nothing."""
+    telemetry = Telemetry(ops)
+    telemetry.bind()
+    return telemetry

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from onceq.cli.ops_options import ops_options, pop_ops
+from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
 from onceq.ledger_target import describe as describe_target
 
@@ -159,15 +159,30 @@ def run(
       onceq run flows.toml --flow invoices --max-seconds 60 --json
     """
     import asyncio
+    import dataclasses
 
     from onceq.logs import setup as setup_logs
     from onceq.runner import run_flows
 
+    host_flag = flags.get("metrics_host")
     ops = pop_ops(flags)
     setup_logs(ops.log_format, ops.log_level)
     ff = load_or_exit(file, names)
+    # The flow file's [metrics] unless a flag says otherwise; bound before any source.
+    ops = dataclasses.replace(
+        ops,
+        metrics_port=ops.metrics_port if ops.metrics_port is not None else ff.metrics_port,
+        metrics_host=host_flag or ff.metrics_host or ops.metrics_host,
+    )
+    telemetry = telemetry_for(ops)
     report = asyncio.run(
-        run_flows(ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds)
+        run_flows(
+            ff.flows,
+            ff.ledger,
+            until_empty=until_empty,
+            max_seconds=max_seconds,
+            telemetry=telemetry,
+        )
     )
     if report.created:
         note_new_ledger(ff.ledger)

@@ -24,11 +24,11 @@ from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
 from onceq.errors import OnceqError, UsageError
 from onceq.ledger import Entry
-from onceq.logs import flow_scoped, settled_logger
 from onceq.runner import STOP_SIGNALS, Stop
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
+    from onceq.telemetry import Telemetry
 
 # One commit holds up to this many outcomes: large enough that the fsync is paid
 # rarely, small enough that a crash re-runs little and memory stays flat.
@@ -73,14 +73,20 @@ def consume(
     spec: Any = None,
     *,
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Stats:
     """Consume every message in the flow's inbox (and any a dead consumer left) into `db`.
 
     `target` is a Flow over a DirSource, or a queue folder (the orders preset).
+    `telemetry` serves /metrics and /healthz for the run (its port bound first).
     """
+    from onceq.telemetry import Telemetry
+
     flow = as_flow(target, spec)
     stop = Stop(second="raise")
-    stats = asyncio.run(_consume_stoppable(flow, db, stop, on_settled))
+    tel = telemetry or Telemetry()
+    tel.bind()
+    stats = asyncio.run(_consume_stoppable(flow, db, stop, on_settled, tel))
     if stop.signals:
         raise Interrupted(flow.source.path, stop.signals[0], stats)
     return stats
@@ -91,13 +97,16 @@ async def _consume_stoppable(
     db: str | Path | None,
     stop: Stop,
     on_settled: Callable[[Sequence[Entry]], None] | None,
+    telemetry: Telemetry,
 ) -> Stats:
     """One batch under this process's signals: the first stops claiming (see the module)."""
-    with stop.installed():
-        return await consume_flow(flow, db, stop=stop, until_empty=True, on_settled=on_settled)
+    async with telemetry.serving():
+        with stop.installed():
+            return await consume_flow(
+                flow, db, stop=stop, until_empty=True, on_settled=on_settled, telemetry=telemetry
+            )
 
 
-@flow_scoped  # every line logged for this flow carries its name (onceq.logs)
 async def consume_flow(
     flow: Flow,
     db: str | Path | None,
@@ -107,6 +116,7 @@ async def consume_flow(
     on_settled: Callable[[Sequence[Entry]], None] | None = None,
     before_ledger: Callable[[], Awaitable[None]] | None = None,
     on_new_ledger: Callable[[str | Path], None] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Stats:
     """One consumer of a directory-queue flow: the loop `dirq consume` and `onceq run` share.
 
@@ -117,7 +127,27 @@ async def consume_flow(
     queue folder is checked and before the ledger is opened (a run of several flows
     opens no ledger until every source is known good). `on_new_ledger(target)` is
     called when this open made the ledger's tables (it has seen no message).
+    `telemetry` watches the consumer (its server is the caller's).
     """
+    from onceq.telemetry import Telemetry
+
+    tel = telemetry or Telemetry()
+    with tel.flow_context(flow.name):
+        return await _consume_dir(
+            flow, db, stop, until_empty, on_settled, before_ledger, on_new_ledger, tel
+        )
+
+
+async def _consume_dir(
+    flow: Flow,
+    db: str | Path | None,
+    stop: Stop,
+    until_empty: bool,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+    before_ledger: Callable[[], Awaitable[None]] | None,
+    on_new_ledger: Callable[[str | Path], None] | None,
+    telemetry: Telemetry,
+) -> Stats:
     from onceq.consumer import no_effect
     from onceq.flow import close_effect, open_ledger
 
@@ -145,12 +175,13 @@ async def consume_flow(
                 # (the orders preset's is RetryPolicy.none(): quarantined at once).
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
-                on_settled=settled_logger(flow.name, on_settled),
+                on_settled=on_settled,
             )
             consumer.stats.dead_word = DEAD_WORD
             stop.add(consumer.stop)
             try:
-                return await consumer.run()
+                async with telemetry.track(flow, consumer, worker):
+                    return await consumer.run()
             finally:
                 stop.discard(consumer.stop)
     finally:
@@ -173,11 +204,19 @@ def _in_flight(flow: Flow, handler: object) -> int:
     return 2 * max(int(getattr(flow.effect, "concurrency", 5) or 1), 1)
 
 
-def _worker_main(flow: Flow, db: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    """One --workers child: report ("ok", stats), ("stopped", signum, stats) or an error."""
+def _worker_main(flow: Flow, db: str, out: mp.Queue, i: int, parent: Telemetry) -> None:  # type: ignore[type-arg]
+    """One --workers child: report ("ok", stats), ("stopped", signum, stats) or an error.
+
+    With the parent's metrics on, it also reports ("progress", i, snapshot) every
+    second and at its end, before its result: the parent serves the children's sum.
+    """
+    from onceq.telemetry import Telemetry
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards a stop as SIGTERM
+    parent.close_inherited()  # the parent's port is the parent's: a child serves nothing
+    tel = Telemetry(reporter=lambda d: out.put(("progress", i, d))) if parent.enabled else None
     try:
-        out.put(("ok", consume(flow, db).as_dict()))
+        out.put(("ok", consume(flow, db, telemetry=tel).as_dict()))
     except Interrupted as exc:
         out.put(("stopped", exc.signum, exc.stats.as_dict()))
     except OnceqError as exc:  # re-raised by the parent as the same kind (same exit code)
@@ -187,7 +226,11 @@ def _worker_main(flow: Flow, db: str, out: mp.Queue) -> None:  # type: ignore[ty
 
 
 def consume_parallel(
-    target: Flow | str | Path, db: str | Path | None, spec: Any, workers: int
+    target: Flow | str | Path,
+    db: str | Path | None,
+    spec: Any,
+    workers: int,
+    telemetry: Telemetry | None = None,
 ) -> Stats:
     """Run `workers` consumer processes on one queue and ledger; returns the summed stats.
 
@@ -195,7 +238,13 @@ def consume_parallel(
     consumers started by hand, so this is the same code path a user scales out with.
     A stop signal to this process is passed on to every worker (each stops cleanly);
     a worker that dies without reporting is named, never waited for forever.
+    With `telemetry` on, this process serves /metrics and /healthz: the children's
+    reported counts summed, the queue's depths read by this process.
     """
+    from onceq.telemetry import Telemetry
+
+    tel = telemetry or Telemetry()
+    tel.bind()  # before the ledger: a port in use creates nothing
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, not {workers}")
     from onceq.flow import open_ledger
@@ -207,13 +256,13 @@ def consume_parallel(
     # Create the schema (and the flow's SQL setup) once, before the workers race for it.
     open_ledger(flow, db_path, "dirq").close()
     if workers == 1:
-        return consume(flow, db_path)
+        return consume(flow, db_path, telemetry=tel)
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     procs = [
         # fork: the flow (and a user's functions in it) is inherited, never pickled.
-        ctx.Process(target=_worker_main, args=(flow, db_path, out))
-        for _ in range(workers)
+        ctx.Process(target=_worker_main, args=(flow, db_path, out, i, tel))
+        for i in range(workers)
     ]
     # Blocked from before the first fork: a signal can neither kill a worker before
     # its own handler is in place nor the parent while workers run; the parent takes
@@ -221,9 +270,11 @@ def consume_parallel(
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     stopped_by: list[int] = []
     try:
+        tel.expect_children(flow, workers)
         for p in procs:
             p.start()
-        results = _collect(procs, out, stopped_by)
+        with tel.serving_in_thread():
+            results = _collect(procs, out, stopped_by, tel)
     finally:
         # Take a signal that came after the last report before unblocking: it belongs
         # to this run (it is reported below), not to whatever the caller does next.
@@ -233,26 +284,33 @@ def consume_parallel(
     return _total(root, results, stopped_by)
 
 
-def _collect(procs: list[Any], out: mp.Queue, stopped_by: list[int]) -> list[tuple[Any, ...]]:  # type: ignore[type-arg]
-    """Every worker's report, forwarding stop signals meanwhile."""
+def _collect(
+    procs: list[Any],
+    out: mp.Queue,  # type: ignore[type-arg]
+    stopped_by: list[int],
+    tel: Telemetry,
+) -> list[tuple[Any, ...]]:
+    """Every worker's report, forwarding stop signals meanwhile (and their progress to
+    the metrics)."""
     results: list[tuple[Any, ...]] = []
     while len(results) < len(procs):
         info = signal.sigtimedwait(STOP_SIGNALS, 0.05)
         if info is not None:
             stopped_by.append(info.si_signo)
+            tel.stopping()  # /healthz: 503 from the first stop signal
             # The first asks each worker to finish what it holds; a second, to stop now.
             for p in procs:
                 if p.is_alive():
                     p.terminate()
         try:
-            results.append(out.get(timeout=0.05))
+            _take(out.get(timeout=0.05), results, tel)
             continue
         except queue_mod.Empty:
             pass
         if all(p.exitcode is not None for p in procs):
             while True:  # a report written just before its worker exited
                 try:
-                    results.append(out.get(timeout=0.2))
+                    _take(out.get(timeout=0.2), results, tel)
                 except queue_mod.Empty:
                     break
             break
@@ -269,6 +327,14 @@ def _collect(procs: list[Any], out: mp.Queue, stopped_by: list[int]) -> list[tup
             )
         )
     return results
+
+
+def _take(item: tuple[Any, ...], results: list[tuple[Any, ...]], tel: Telemetry) -> None:
+    """A child's message: its progress goes to the metrics, its result to `results`."""
+    if item[0] == "progress":
+        tel.child_report(item[1], item[2])
+    else:
+        results.append(item)
 
 
 def _total(root: str | Path, results: list[tuple[Any, ...]], stopped_by: list[int]) -> Stats:
