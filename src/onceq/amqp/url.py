@@ -9,7 +9,6 @@ decided in one screen.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 from collections.abc import Iterator
@@ -129,23 +128,6 @@ def vhost_of(url: str) -> str:
     path = urlsplit(url).path
     vhost = unquote(path[1:]) if path.startswith("/") else unquote(path)
     return vhost or "/"
-
-
-def setup_logging(level: int = logging.WARNING) -> None:
-    """The human log set-up at `level`: an alias of `onceq.logs.setup` (one set-up)."""
-    from onceq.logs import LEVELS, setup
-
-    names = {v: k for k, v in LEVELS.items()}
-    setup("human", names.get(level, "warning"))
-
-
-def __getattr__(name: str) -> object:
-    # RedactingFormatter lived here before onceq.logs: the old import path still works.
-    if name == "RedactingFormatter":
-        from onceq.logs import RedactingFormatter
-
-        return RedactingFormatter
-    raise AttributeError(name)
 
 
 def _reason(exc: BaseException) -> str:
