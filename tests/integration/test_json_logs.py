@@ -209,3 +209,26 @@ def test_dirq_consume_logs_json_lines_with_no_password_or_header_value(tmp_path:
     }
     assert {ln["flow"] for ln in [*dead.values(), *retried.values()]} == {"invoices"}
     assert p.by_id()["flaky"] == [503, 201]
+
+
+def test_the_breaker_s_changes_are_json_lines_with_their_events(tmp_path: Path) -> None:
+    """Every id fails once (503) then succeeds: the breaker opens after two failures,
+    probes, and closes on the first success — each change one line with its event."""
+    q = make_queue(tmp_path, [f"m{i:02d}" for i in range(20)])
+    with scripted_partner(fail_first=1) as p:
+        r = run_cli(
+            "dirq", "consume", str(q), "--id-field", "id", "--url", p.url, "--flow", "invoices",
+            "--json", "--immediate-retries", "0", "--retry-delays", "300ms",
+            "--breaker-failures", "2", "--breaker-probe", "300ms", *JSON,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = json_lines(r.stderr)
+    changes = [ln for ln in lines if ln["event"].startswith("breaker-")]
+    events = [ln["event"] for ln in changes]
+    assert events[0] == "breaker-open" and events[-1] == "breaker-closed", events
+    assert "breaker-half-open" in events
+    assert {ln["flow"] for ln in changes} == {"invoices"}
+    assert {ln["level"] for ln in changes} == {"warning"}
+    held = by_event(lines, "held")  # what the open breaker gave back untried
+    assert held and {ln["reason"] for ln in held} == {"breaker-open"}
+    assert json.loads(r.stdout)["processed"] == 20
