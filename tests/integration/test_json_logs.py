@@ -232,3 +232,18 @@ def test_the_breaker_s_changes_are_json_lines_with_their_events(tmp_path: Path) 
     held = by_event(lines, "held")  # what the open breaker gave back untried
     assert held and {ln["reason"] for ln in held} == {"breaker-open"}
     assert json.loads(r.stdout)["processed"] == 20
+
+
+def test_a_refused_login_is_one_json_line_without_the_password(
+    user_url: tuple[str, str], tmp_path: Path
+) -> None:
+    url, password = user_url
+    wrong = f"wrong-{password}"
+    bad_url = url.replace(password, wrong, 1)
+    r = cli(bad_url, "mq", "consume", "--claim", "http://127.0.0.1:9", "--db",
+            str(tmp_path / "p.db"), "--max-seconds", "5", *JSON)  # fmt: skip
+    assert r.returncode == 7, r.stderr  # BrokerUnavailable
+    assert wrong not in r.stderr and password not in r.stderr
+    (line,) = json_lines(r.stderr)  # the command's one line, as an object
+    assert (line["event"], line["level"]) == ("error", "error")
+    assert "login refused" in line["message"] and "***@" in line["message"]
