@@ -9,13 +9,17 @@ whose URL carries a password and whose calls carry a secret header.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +251,64 @@ def test_a_refused_login_is_one_json_line_without_the_password(
     (line,) = json_lines(r.stderr)  # the command's one line, as an object
     assert (line["event"], line["level"]) == ("error", "error")
     assert "login refused" in line["message"] and "***@" in line["message"]
+
+
+@contextmanager
+def echoing_partner() -> Iterator[str]:
+    """A partner that refuses every id ending in -rej with 422 and a body quoting the
+    X-Api-Key it was sent (as a careless partner's error does); 201 for the others."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            ident = str(json.loads(body).get("id"))
+            status = 422 if ident.endswith("-rej") else 201
+            text = f"invalid key {self.headers.get('X-Api-Key')} for {ident}".encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api/x"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_onceq_run_names_each_flow_in_its_own_lines(tmp_path: Path) -> None:
+    """Two directory-queue flows in one process: each verdict line names its own flow,
+    and the header value given through ${ENV} appears nowhere, though the partner
+    quotes it back (at debug level: every line a library logs is there too)."""
+    make_queue(tmp_path, ["a-ok", "a-rej"], name="qa")
+    make_queue(tmp_path, ["b-ok", "b-rej"], name="qb")
+    token = f"tok-{uuid.uuid4().hex}"
+    with echoing_partner() as url:
+        flows = tmp_path / "flows.toml"
+        flows.write_text(
+            'ledger = "./flows.db"\n'
+            + "".join(
+                f'[flows.{name}]\nsource = "dirq"\npath = "./{q}"\nid_field = "id"\n'
+                f'[flows.{name}.http]\nurl = "{url}"\n'
+                'headers = { "X-Api-Key" = "${H3_TEST_KEY}" }\n'
+                for name, q in (("alpha", "qa"), ("beta", "qb"))
+            )
+        )
+        r = run_cli(
+            "run", str(flows), "--until-empty", "--log-format", "json", "--log-level", "debug",
+            env={"H3_TEST_KEY": token},
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert token not in r.stderr and token not in r.stdout
+    dead = {ln["msg_id"]: ln["flow"] for ln in by_event(json_lines(r.stderr), "dead")}
+    assert dead == {"a-rej": "alpha", "b-rej": "beta"}
+    # The partner did quote it: the ledger's detail holds the masked echo.
+    with closing(sqlite3.connect(tmp_path / "flows.db")) as conn:
+        details = [d for (d,) in conn.execute("SELECT detail FROM failures")]
+    assert details and all("invalid key ***" in d and token not in d for d in details)
