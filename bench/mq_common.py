@@ -368,6 +368,7 @@ def run_consumer(
     checkout: Checkout | None = None,
     log: Path | None = None,
     before_stop: Callable[[], None] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> ConsumerRun:
     """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
 
@@ -375,13 +376,13 @@ def run_consumer(
     checkout (bench/compare.py), that checkout's interpreter and code run it. `db` is
     an SQLite path or a PostgreSQL URL (then `log` names the consumer's stderr file).
     `before_stop` is called once every row is in, while the consumer (and its database
-    sessions) still run.
+    sessions) still run. `extra`: more options for the command (--metrics-port …).
     """
     python = checkout.python if checkout else sys.executable
     env = checkout.env(vhost.env()) if checkout else vhost.env()
     cmd = [python, "-m", "onceq", "mq", "consume", "--claim", claim,
            "--prefetch", str(prefetch), "--db", str(db), "--json",
-           "--max-seconds", str(limit)]  # fmt: skip
+           "--max-seconds", str(limit), *extra]  # fmt: skip
     if log is None:
         log = Path(db).with_suffix(".stderr")
     t0 = time.perf_counter()

@@ -97,9 +97,11 @@ EVENTS: dict[str, str] = {
     "consumer-timeout-unread": "the consumer_timeout could not be read or compared (debug)",
     # the directory queue
     "retry-time-unset": "a file's retry time could not be set: it is due at once",
-    # the metrics (onceq.telemetry, onceq.metrics_queues)
+    # the metrics (onceq.telemetry, onceq.metrics_queues, onceq.amqp.depths)
     "depth-reader-stopped": "the queue depth reader failed: the depth figures stop, not the run",
-    "depths-unavailable": "no queue depth reader in this build for a RabbitMQ flow (debug)",
+    "depths-unavailable": "no queue depths for a flow (a mistyped management API URL)",
+    "depths-failed": "reading the queue depths failed: the last figures are kept (once an outage)",
+    "management-api-unusable": "the RabbitMQ management API does not answer: no unacked figures",
     "report-failed": "a --workers child could not send its counts to the parent (debug)",
     # the CLI's own lines, and lines of other libraries
     "error": "the command failed (the one line it exits with)",

@@ -128,10 +128,11 @@ def reader_for(flow: Any, transport: Any) -> DirScan | RabbitDepths | None:
     if kind == "rabbitmq":
         try:
             return RabbitDepths(transport.url, flow)
-        except ImportError:  # onceq.amqp.depths not in this build
-            log.debug(
-                "no queue depths for %s: onceq.amqp.depths is missing",
+        except OnceqError as exc:  # EAI_RABBITMQ_API mistyped: the figures, not the run
+            log.warning(
+                "no queue depths for flow %s: %s",
                 flow.name,
+                exc,
                 extra={"event": "depths-unavailable"},
             )
     return None

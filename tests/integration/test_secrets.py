@@ -8,8 +8,9 @@ stdout, stderr and the log lines, which the CLI writes to stderr), and through r
 `python -m onceq` processes for a handful. A token found in the output is a leak,
 whole or in part (the piece of a password after a '/' or '#').
 
-`mq status` reads the broker through rabbitmqctl, which takes seconds to start; here a
-stub on PATH answers at once (the URL never reaches rabbitmqctl, only its vhost does).
+`mq status` reads the broker over AMQP and the management API (never rabbitmqctl since
+issue 10); the rabbitmqctl stub on PATH stays so that nothing here can start the real
+one, which takes seconds.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@
 | transport    | the consume loop's Transport over aio-pika (qos, robust reconnect)  |
 | handler      | decoding a delivery and POSTing it to the claim system (HTTP → Kind)|
 | consume      | one consumer run: ledger, deadline, signals, grace                  |
-| status       | queue depths and the memory watermark read through rabbitmqctl      |
+| depths       | queue depths over the network (passive declares; a cache for metrics)|
+| management   | the management HTTP API: unacked, memory; optional, never an error  |
+| status       | what `mq status` reports: depths, the memory watermark, the API     |
 
 Heavy imports (aiormq, aio_pika, aiohttp) happen inside functions.
 """

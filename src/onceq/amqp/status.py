@@ -1,90 +1,109 @@
-"""Queue depths and the memory watermark, read from the broker with rabbitmqctl.
+"""What `onceq mq status` reports: a flow's queue depths and the broker's memory alarm.
 
-rabbitmqctl's `--formatter json` output is parsed (never its human tables), so a
-wording change between RabbitMQ versions does not silently break the figures.
+Read over the network (onceq.amqp.depths), never with rabbitmqctl: rabbitmqctl works
+only on the broker's own host, so from anywhere else `mq status` showed nothing.
+Ready messages and consumers come from AMQP and are always there; unacked and the
+memory watermark come from the management HTTP API and are None ("unknown") where it
+is off or refuses — the report then says why (`management`), and still exits 0:
+knowing the depths without the unacked beats knowing nothing.
+
+The JSON keeps the shape of the rabbitmqctl days where a key still means what it
+meant: a queue's `messages` is still ready + unacked (rabbitmqctl's `messages`), so
+it is null when unacked is unknown; `ready` and `consumers` are new.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from onceq.amqp.topology import DEAD_QUEUE, QUEUE
-from onceq.errors import BrokerUnavailable, NotFound
+from onceq.amqp.depths import ManagementApi, QueueDepth, read_depths
+from onceq.amqp.url import vhost_of
+from onceq.errors import NotFound
 
-RABBITMQCTL_TIMEOUT = 60
+NEEDS_API = "needs the management API"
 
 
-def rabbitmqctl(*args: str, node: str | None = None) -> str:
-    """Run rabbitmqctl and return stdout; one-line onceq errors when it cannot run."""
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
+def queue_doc(depth: QueueDepth | None) -> dict[str, int | None] | None:
+    if depth is None:
+        return None
+    total = None if depth.unacked is None else depth.ready + depth.unacked
+    return {
+        "messages": total,
+        "ready": depth.ready,
+        "unacked": depth.unacked,
+        "consumers": depth.consumers,
+    }
+
+
+def memory_of(nodes: list[dict[str, Any]] | None, node: str | None) -> dict[str, Any]:
+    """The memory figures of one node of /api/nodes (`node`, else one with an alarm, else
+    the first); every figure None, and why, without the API.
+
+    The alarms are every node's: a memory alarm on any node blocks publishers on all.
+    """
+    if nodes is None:
+        return {
+            "node": None,
+            "setting": None,
+            "limit_bytes": None,
+            "used_bytes": None,
+            "alarms": None,
+            "unknown": NEEDS_API,
+        }
+    names = [str(n.get("name")) for n in nodes]
+    if node is not None and node not in names:
         raise NotFound(
-            "rabbitmqctl: not found on PATH (install the RabbitMQ server/CLI tools,"
-            " or run this on the broker's host)"
+            f"--node {node!r}: not a node of this broker (nodes: {', '.join(names) or 'none'})"
         )
-    cmd = [exe, "-q", *(["-n", node] if node else []), *args]
-    try:
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise BrokerUnavailable(
-            f"rabbitmqctl {args[0]}: no answer within {RABBITMQCTL_TIMEOUT}s"
-        ) from None
-    if done.returncode != 0:
-        first = next((ln.strip() for ln in done.stderr.splitlines() if ln.strip()), "")
-        raise BrokerUnavailable(f"rabbitmqctl {args[0]} failed: {first or done.returncode}")
-    return done.stdout
-
-
-def queue_depths(
-    vhost: str, node: str | None = None, names: Sequence[str] = (QUEUE, DEAD_QUEUE)
-) -> dict[str, dict[str, int] | None]:
-    """{queue: {messages, unacked}} for each of `names` (default claim.in and claim.dead);
-    None for a missing queue."""
-    out = rabbitmqctl(
-        "list_queues", "-p", vhost, "name", "messages", "messages_unacknowledged",
-        "--formatter", "json", node=node,
-    )  # fmt: skip
-    rows = json.loads(out or "[]")
-    found = {
-        r["name"]: {"messages": int(r["messages"]), "unacked": int(r["messages_unacknowledged"])}
-        for r in rows
-    }
-    if not found and not vhost_exists(vhost, node):
-        # rabbitmqctl lists no queues for a vhost that does not exist, as for an empty
-        # one: without this check a typo in the URL would print "absent" and exit 0.
-        # Exit 7, as topology, publish and consume exit when the broker refuses a vhost.
-        raise BrokerUnavailable(f"vhost {vhost!r} does not exist on the broker")
-    return {q: found.get(q) for q in names}
-
-
-def vhost_exists(vhost: str, node: str | None = None) -> bool:
-    out = rabbitmqctl("list_vhosts", "name", "--formatter", "json", node=node)
-    return any(r.get("name") == vhost for r in json.loads(out or "[]"))
-
-
-def memory_watermark(node: str | None = None) -> dict[str, Any]:
-    """The memory alarm: its setting ({'absolute': bytes} or {'relative': f}) and limit."""
-    doc = json.loads(rabbitmqctl("status", "--formatter", "json", node=node))
-    total = doc.get("memory", {}).get("total", {})
+    alarms = []
+    for n in nodes:
+        where = f" on {n.get('name')}" if len(nodes) > 1 else ""
+        alarms += [f"{kind}{where}" for kind in ("memory", "disk") if n.get(f"{kind}_alarm")]
+    if node is not None:
+        chosen = nodes[names.index(node)]
+    else:  # a node in alarm first: that is the one the reader needs to see
+        running = [n for n in nodes if n.get("running") is not False]
+        chosen = next((n for n in running if n.get("mem_alarm")), (running or nodes or [{}])[0])
     return {
-        "setting": doc.get("vm_memory_high_watermark_setting"),
-        "limit_bytes": doc.get("vm_memory_high_watermark_limit"),
-        "used_bytes": total.get(doc.get("vm_memory_calculation_strategy", "rss")),
-        "alarms": doc.get("alarms", []),
+        "node": chosen.get("name"),
+        # The watermark's setting (relative / absolute) is not in the API; the limit it
+        # gives is the setting worked out in bytes.
+        "setting": None,
+        "limit_bytes": _int(chosen.get("mem_limit")),
+        "used_bytes": _int(chosen.get("mem_used")),
+        "alarms": alarms,
+        "nodes": len(nodes),
     }
 
 
-def status(
-    vhost: str, node: str | None = None, names: Sequence[str] = (QUEUE, DEAD_QUEUE)
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def read_status(
+    amqp_url: str,
+    queues: Sequence[tuple[str, str]],
+    api: ManagementApi | None,
+    node: str | None = None,
 ) -> dict[str, Any]:
+    """The report of `mq status` for `queues` [(state, name)]; BrokerUnavailable (exit 7)
+    when the broker or the vhost is not there."""
+    depths = await read_depths(amqp_url, [name for _, name in queues], api=api)
+    nodes = None
+    if api is not None and api.available is not False:
+        # Not after a failure on this read: a second 2-s timeout would say nothing new.
+        async with api.session() as session:
+            nodes = await api.nodes(session)
+    management = (
+        api.as_dict()
+        if api is not None
+        else {"url": None, "available": False, "error": "turned off (--management-url off)"}
+    )
     return {
-        "vhost": vhost,
-        "queues": queue_depths(vhost, node, names),
-        "memory": memory_watermark(node),
+        "vhost": vhost_of(amqp_url),
+        "queues": {name: queue_doc(depths.get(name)) for _, name in queues},
+        "states": {name: state for state, name in queues},
+        "memory": memory_of(nodes, node),
+        "management": management,
     }

@@ -1,0 +1,198 @@
+"""onceq.amqp.depths against the real broker: every figure checked against the broker's
+own count (rabbitmqctl list_queues, read by the test), with messages held unacked by a
+consumer of the test's own.
+
+The management API publishes queue statistics every 5 s (collect_statistics_interval),
+so `unacked` is waited for (wait_for), never slept for; ready and consumers are live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from depth_support import Holder, truth
+from mq_support import cli, ctl, vhost, wait_for
+from onceq.amqp.depths import DepthCache, QueueDepth, management_api, read_depths
+from onceq.errors import BrokerUnavailable
+from support import free_port
+
+pytestmark = pytest.mark.broker
+
+QUEUES = ["claim.in", "claim.retry.5s", "claim.dead", "no.such.queue"]
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EAI_RABBITMQ_API", raising=False)
+
+
+@pytest.fixture
+def loaded(amqp_url: str) -> Iterator[str]:
+    """The claims topology; 5 in claim.in of which 2 held unacked, 2 in claim.dead, a
+    second (idle) consumer on claim.dead."""
+    assert cli(amqp_url, "mq", "topology").returncode == 0
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    for i in range(5):
+        ch.basic_publish("eai.claim", "claim", b"{}", pika.BasicProperties(message_id=str(i)))
+    for _ in range(2):
+        ch.basic_publish("eai.dlx", "claim.dead", b"{}")
+    holder = Holder(amqp_url, "claim.in", prefetch=2)
+    holder.take(2)
+    idle = Holder(amqp_url, "claim.dead", prefetch=1)
+    idle.ch.basic_cancel(idle.ch.consumer_tags[0])  # a consumer that came and went…
+    idle.ch.basic_consume("claim.retry.5s", lambda *_: None)  # …and one that stays
+    try:
+        yield amqp_url
+    finally:
+        holder.close()
+        idle.close()
+        conn.close()
+
+
+def read(url: str, api: object = "default", queues: list[str] = QUEUES) -> dict:
+    chosen = management_api(url) if api == "default" else api
+    return asyncio.run(read_depths(url, queues, api=chosen))  # type: ignore[arg-type]
+
+
+def test_depths_are_the_brokers_own_figures(loaded: str) -> None:
+    expected = truth(loaded)
+    assert expected["claim.in"] == QueueDepth(ready=3, consumers=1, unacked=2)  # the setup
+    assert expected["claim.retry.5s"].consumers == 1
+    want = {q: expected.get(q) for q in QUEUES}
+    got: dict = {}
+
+    def same() -> bool:  # unacked comes from the API's statistics, up to 5 s old
+        got.update(read(loaded))
+        return got == want
+
+    wait_for(same, 20, step=0.5)
+    assert got["no.such.queue"] is None
+
+
+def test_ready_and_consumers_are_live_without_waiting_for_statistics(loaded: str) -> None:
+    got = read(loaded, api=None)
+    assert got["claim.in"] == QueueDepth(ready=3, consumers=1, unacked=None)
+    assert got["claim.dead"] == QueueDepth(ready=2, consumers=0, unacked=None)
+    assert got["no.such.queue"] is None
+
+
+def test_a_missing_queue_first_does_not_blank_the_ones_after_it(loaded: str) -> None:
+    # The 404 closes the channel: the next queue is read on a fresh one.
+    got = read(loaded, api=None, queues=["no.such.queue", "nor.this", "claim.dead"])
+    assert got == {"no.such.queue": None, "nor.this": None, "claim.dead": QueueDepth(2, 0, None)}
+
+
+def test_a_missing_vhost_is_broker_unavailable(amqp_url: str) -> None:
+    with pytest.raises(BrokerUnavailable, match="does not exist") as caught:
+        read(amqp_url + "-gone")
+    assert caught.value.exit_code == 7
+
+
+def test_the_api_off_blanks_unacked_only(loaded: str, caplog: pytest.LogCaptureFixture) -> None:
+    api = management_api(loaded, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    with caplog.at_level(logging.WARNING):
+        got = read(loaded, api)
+        again = read(loaded, api)
+    assert got["claim.in"] == QueueDepth(ready=3, consumers=1, unacked=None)
+    assert got["claim.dead"] == QueueDepth(ready=2, consumers=0, unacked=None)
+    assert again == got
+    assert api is not None and api.available is False and "cannot connect" in (api.error or "")
+    assert len([r for r in caplog.records if "management API" in r.getMessage()]) == 1
+
+
+def test_a_wrong_api_password_blanks_unacked_and_never_shows(
+    loaded: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = management_api(loaded, "http://guest:wrongPW5678@127.0.0.1:15672")
+    with caplog.at_level(logging.DEBUG):
+        got = read(loaded, api)
+    assert got["claim.in"] == QueueDepth(ready=3, consumers=1, unacked=None)
+    assert api is not None and api.available is False and "401" in (api.error or "")
+    shown = caplog.text + repr(api) + json.dumps(api.as_dict())
+    assert "login refused" in shown and "wrongPW5678" not in shown
+
+
+@pytest.fixture
+def monitor(amqp_url: str) -> Iterator[tuple[str, str]]:
+    """A broker user of the test's own with the monitoring tag: (name, password)."""
+    name, password = f"onceq-mon-{uuid.uuid4().hex[:8]}", f"mon{uuid.uuid4().hex[:10]}"
+    ctl("add_user", name, password)
+    try:
+        ctl("set_user_tags", name, "monitoring")
+        ctl("set_permissions", "-p", vhost(amqp_url), name, ".*", ".*", ".*")
+        yield name, password
+    finally:
+        ctl("delete_user", name)
+
+
+def test_the_overrides_own_login_is_used(loaded: str, monitor: tuple[str, str]) -> None:
+    """The AMQP URL logs in as guest; the API as the override's user. With the monitor's
+    name and a wrong password it is refused, so its own login is what was sent."""
+    name, password = monitor
+    right = management_api(loaded, f"http://{name}:{password}@127.0.0.1:15672")
+    wait_for(lambda: read(loaded, right)["claim.in"] == QueueDepth(3, 1, 2), 20, step=0.5)
+    assert right is not None and right.available is True and right.error is None
+    wrong = management_api(loaded, f"http://{name}:not-{password}@127.0.0.1:15672")
+    assert read(loaded, wrong)["claim.in"] == QueueDepth(3, 1, None)
+    assert wrong is not None and wrong.available is False
+    assert password not in right.url + wrong.url + str(wrong.error)
+
+
+def test_the_cache_refreshes_and_reads_once_per_period(loaded: str) -> None:
+    async def scenario() -> tuple[int, int, float]:
+        cache = DepthCache(loaded, ["claim.in", "claim.dead"], management_api(loaded), every=0.5)
+        assert cache.snapshot() == {} and cache.updated is None
+        stop = asyncio.Event()
+        task = asyncio.create_task(cache.run(stop))
+        while cache.updated is None:
+            await asyncio.sleep(0.01)
+        assert cache.snapshot()["claim.dead"].ready == 2  # type: ignore[union-attr]
+        # A publish is seen within a period or two, on the cache's own connection.
+        conn = pika.BlockingConnection(pika.URLParameters(loaded))
+        conn.channel().basic_publish("eai.dlx", "claim.dead", b"{}")
+        conn.close()
+        start = asyncio.get_running_loop().time()
+        while cache.snapshot()["claim.dead"].ready != 3:  # type: ignore[union-attr]
+            assert asyncio.get_running_loop().time() - start < 5, cache.snapshot()
+            await asyncio.sleep(0.01)
+        # Scrapes as fast as the loop can run them for 2 s: reads stay one per period.
+        before, scrapes = cache.reads, 0
+        t0 = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - t0 < 2.0:
+            for _ in range(100):
+                cache.snapshot()
+                scrapes += 1
+            await asyncio.sleep(0)
+        reads = cache.reads - before
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        assert cache.error is None
+        return reads, scrapes, cache.every
+
+    reads, scrapes, every = asyncio.run(scenario())
+    assert scrapes > 10_000
+    assert 2.0 / every - 1 <= reads <= 2.0 / every + 1, reads
+
+
+def test_the_cache_keeps_the_failure_and_never_raises(amqp_url: str) -> None:
+    async def scenario() -> DepthCache:
+        cache = DepthCache(amqp_url + "-gone", ["claim.in"], None, every=0.05)
+        stop = asyncio.Event()
+        task = asyncio.create_task(cache.run(stop))
+        while cache.reads < 3:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return cache
+
+    cache = asyncio.run(scenario())
+    assert cache.updated is None and cache.snapshot() == {}
+    assert "does not exist" in (cache.error or "") and "guest:guest" not in (cache.error or "")
