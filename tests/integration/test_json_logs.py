@@ -312,3 +312,18 @@ def test_onceq_run_names_each_flow_in_its_own_lines(tmp_path: Path) -> None:
     with closing(sqlite3.connect(tmp_path / "flows.db")) as conn:
         details = [d for (d,) in conn.execute("SELECT detail FROM failures")]
     assert details and all("invalid key ***" in d and token not in d for d in details)
+
+
+def test_json_logs_on_a_terminal_draw_no_progress_line(tmp_path: Path) -> None:
+    """On a terminal the status line is drawn (test_progress); with JSON logs it is not:
+    every stderr line stays an object, whatever stderr is."""
+    from test_progress import CLEAR, run_in_pty
+
+    q = make_queue(tmp_path, [f"t{i}" for i in range(5)])
+    with scripted_partner() as p:
+        code, out = run_in_pty("dirq", "consume", str(q), "--id-field", "id", "--url", p.url, *JSON)
+    assert code == 0, out
+    assert CLEAR not in out and "settled ·" not in out
+    assert f"{q}: 5 received, 5 processed" in out  # the summary (stdout) as before
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    assert lines and all(json.loads(ln)["event"] for ln in lines)
