@@ -90,7 +90,24 @@ CREATE TABLE IF NOT EXISTS dead_ops (
     count       INTEGER NOT NULL DEFAULT 0, -- messages replayed / purged so far
     ids         TEXT NOT NULL DEFAULT '[]'  -- purge: the msg_ids / refs it removed
 );
+CREATE TABLE IF NOT EXISTS consumers (
+    flow       TEXT NOT NULL,
+    consumer   TEXT NOT NULL,             -- host:pid:n (onceq.heartbeat)
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,             -- older than 3 x every_s: the consumer died
+    every_s    REAL NOT NULL,             -- how often it publishes
+    state      TEXT NOT NULL DEFAULT '{}',-- JSON: status, breaker, in_flight, connected …
+    PRIMARY KEY (flow, consumer)
+);
 """
+
+# Tables a schema-3 ledger may lack and that are added in place on open, without a
+# version bump: they hold no rule of the ledger (a running consumer's published state,
+# `onceq.heartbeat`), so an older onceq of the same schema keeps opening the file and
+# ignores them, and an operator can still go back one release.
+ADDITIVE = ("consumers",)
 
 BUSY_TIMEOUT_MS = 120_000
 
@@ -156,6 +173,8 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
             conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={VERSION};COMMIT;")
         elif state == "old":
             migrate(conn, p)
+        elif "consumers" not in tables(conn):
+            _add_tables(conn)
     except (sqlite3.Error, OSError, LedgerError) as exc:
         # Close now: a sqlite3 connection sits in a reference cycle (its statement
         # cache), so left alone it would keep the file open until a garbage collection.
@@ -166,6 +185,13 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
             raise
         raise _cannot_open(p, exc) from exc
     return conn, state == "new"
+
+
+def _add_tables(conn: sqlite3.Connection) -> None:
+    """Make the ADDITIVE tables a schema-3 ledger lacks, in one transaction (a
+    concurrent opener waits for the write lock, then finds them: IF NOT EXISTS)."""
+    ddl = ";".join(s for s in SCHEMA.split(";") if any(f" {t} (" in s for t in ADDITIVE))
+    conn.executescript(f"BEGIN IMMEDIATE;{ddl};COMMIT;")
 
 
 def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
@@ -221,7 +247,8 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
         )
     have = tables(conn)
     if version == VERSION:
-        missing = missing_columns(have, expected())
+        want = {t: c for t, c in expected().items() if t not in ADDITIVE or t in have}
+        missing = missing_columns(have, want)
         if missing:
             raise LedgerError(
                 f"{p}: a damaged ledger (schema {VERSION}, missing {', '.join(missing)})"

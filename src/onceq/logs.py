@@ -103,6 +103,10 @@ EVENTS: dict[str, str] = {
     "depths-failed": "reading the queue depths failed: the last figures are kept (once an outage)",
     "management-api-unusable": "the RabbitMQ management API does not answer: no unacked figures",
     "report-failed": "a --workers child could not send its counts to the parent (debug)",
+    # the consumer's published state (onceq.heartbeat, read by onceq status)
+    "heartbeat-failed": "the consumer's state could not be written to the ledger: retried",
+    "heartbeat-back": "the consumer's state is written to the ledger again",
+    "heartbeat-final-slow": "the final 'stopped' row took too long at the end of a run",
     # the CLI's own lines, and lines of other libraries
     "error": "the command failed (the one line it exits with)",
     "new-ledger": "this run made a new ledger: it has seen no message before",

@@ -51,7 +51,15 @@ from prometheus_client.registry import Collector
 from onceq.breaker import CLOSED, HALF_OPEN, OPEN
 from onceq.stats import OUTCOMES, Stats
 
-__all__ = ["BUCKETS", "Durations", "FlowMetrics", "Snapshot", "new_registry"]
+__all__ = [
+    "BUCKETS",
+    "Durations",
+    "FlowMetrics",
+    "Snapshot",
+    "new_registry",
+    "snapshot_dict",
+    "snapshot_from_dict",
+]
 
 # Seconds: Prometheus's default buckets, which fit an HTTP call (5 ms to 10 s, the
 # default timeout).
@@ -145,6 +153,31 @@ class FlowMetrics:
         if not self.snapshots:
             total.problem = "starting"  # expected, its consumer not up yet
         return total
+
+
+def snapshot_dict(s: Snapshot) -> dict[str, Any]:
+    """A snapshot as plain data: what a --workers child sends its parent."""
+    return {
+        "stats": s.stats.as_dict(),
+        "dead_word": s.stats.dead_word,
+        "in_flight": s.in_flight,
+        "breaker": s.breaker,
+        "durations": s.durations.as_dict() if s.durations is not None else None,
+        "problem": s.problem,
+    }
+
+
+def snapshot_from_dict(d: dict[str, Any]) -> Snapshot:
+    stats = Stats(dead_word=d["dead_word"])
+    stats.merge(d["stats"])
+    durations = d["durations"]
+    return Snapshot(
+        stats,
+        d["in_flight"],
+        d["breaker"],
+        Durations.from_dict(durations) if durations is not None else None,
+        d["problem"],
+    )
 
 
 def _add_stats(into: Stats, s: Stats) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceq.metrics import Durations, FlowMetrics, Snapshot
+from onceq.metrics import Durations, FlowMetrics, Snapshot, snapshot_dict, snapshot_from_dict
 from onceq.stats import Stats
 
 __all__ = ["LOG_FORMATS", "OpsOptions", "Telemetry"]
@@ -202,10 +202,10 @@ class Telemetry:
                     self._start_reader(fm.queue)
             if self.reporter is not None:
                 reporter = asyncio.create_task(self._report_loop(watch), name="onceq-report")
-        # h4's heartbeat starts here: one per tracked flow, its state from watch.state
-        # (breaker, in_flight, connected, stopping); poked on a breaker change, closed
-        # (a final "stopped" row) in the finally below. The integrator wires it.
-        heartbeat = None
+        # The consumer's row in the ledger's `consumers` table (onceq.heartbeat), what
+        # `onceq status` shows of a running consumer; it notices a breaker change by
+        # itself within a second, and its final row says "stopped".
+        heartbeat = await _start_heartbeat(consumer, transport)
         try:
             yield
         finally:
@@ -347,33 +347,24 @@ class _Live:
         }
 
 
+async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
+    """One Heartbeat for this consumer on its own ledger (None for a ledger of a kind
+    the heartbeat cannot write: a user's own object without a path or URL)."""
+    from onceq.heartbeat import Heartbeat, consumer_state
+
+    ledger = getattr(consumer, "ledger", None)
+    target = getattr(ledger, "url", None) or getattr(ledger, "path", None)
+    flow = getattr(ledger, "flow", None)
+    if target is None or flow is None:
+        return None
+    heartbeat = Heartbeat(target, flow, consumer_state(consumer, transport))
+    await heartbeat.start()
+    return heartbeat
+
+
 def _folder_snapshot(root: Path) -> Snapshot:
     ok = (root / "inbox").is_dir()
     return Snapshot(Stats(), problem=None if ok else f"queue folder {root} is gone")
-
-
-def snapshot_dict(s: Snapshot) -> dict[str, Any]:
-    return {
-        "stats": s.stats.as_dict(),
-        "dead_word": s.stats.dead_word,
-        "in_flight": s.in_flight,
-        "breaker": s.breaker,
-        "durations": s.durations.as_dict() if s.durations is not None else None,
-        "problem": s.problem,
-    }
-
-
-def snapshot_from_dict(d: dict[str, Any]) -> Snapshot:
-    stats = Stats(dead_word=d["dead_word"])
-    stats.merge(d["stats"])
-    durations = d["durations"]
-    return Snapshot(
-        stats,
-        d["in_flight"],
-        d["breaker"],
-        Durations.from_dict(durations) if durations is not None else None,
-        d["problem"],
-    )
 
 
 def _logs_hook(name: str) -> Any:

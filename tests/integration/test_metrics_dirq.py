@@ -27,7 +27,7 @@ from metrics_support import (
     make_invoices,
 )
 from mq_support import partner, wait_for
-from support import free_port
+from support import free_port, open_db
 
 # 10 files: 5 new invoices, 1 duplicate of one, 2 rejected (422), 1 BUSY (503, retried
 # once by the exercise's rule, then dead), 1 not JSON. 11 settled entries (the retry
@@ -104,6 +104,12 @@ def test_onceq_run_counts_equal_its_summary_during_and_after(tmp_path: Path) -> 
     assert after.value("onceq_breaker_open", flow="invoices") == 0
     assert after.value("onceq_flow_up", flow="invoices") == 1
     assert after.value("process_cpu_seconds_total") is not None  # the process metrics
+    # Telemetry.track also started the consumer's heartbeat: its final row is in.
+    with open_db(tmp_path / "ledger.db") as db:
+        rows = db.execute("SELECT flow, state FROM consumers").fetchall()
+    assert [(flow, json.loads(state)["status"]) for flow, state in rows] == [
+        ("invoices", "stopped")
+    ]
 
 
 def _all_but_one_settled(p, port: int, flow: str) -> Scrape:  # type: ignore[no-untyped-def]

@@ -19,10 +19,18 @@ from prometheus_client.parser import text_string_to_metric_families
 import onceq
 from metrics_support import Scrape, answers, healthz
 from onceq.ledger import Entry
-from onceq.metrics import BUCKETS, Durations, FlowMetrics, Snapshot, new_registry
+from onceq.metrics import (
+    BUCKETS,
+    Durations,
+    FlowMetrics,
+    Snapshot,
+    new_registry,
+    snapshot_dict,
+    snapshot_from_dict,
+)
 from onceq.metrics_queues import RabbitDepths
 from onceq.stats import COUNTS, OUTCOMES, Stats, outcome_of
-from onceq.telemetry import OpsOptions, Telemetry, snapshot_dict, snapshot_from_dict
+from onceq.telemetry import OpsOptions, Telemetry
 from onceq.transport import Delivery, Kind, Settle
 from support import free_port
 

@@ -39,7 +39,7 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, ledger_cmd, mq, partner, run, sample
+    from onceq.cli import demo, dirq, lab, ledger_cmd, mq, partner, run, sample, status
 
     app.add_command(run.run)
     app.add_command(run.check)
@@ -50,6 +50,7 @@ def _register() -> None:
     app.add_command(partner.partner)
     app.add_command(lab.lab)
     app.add_command(sample.sample)
+    app.add_command(status.status)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,9 +128,14 @@ def consume(
     (SIGTERM). A second signal stops at once (the next run recovers the claims).
     On a terminal a status line on stderr shows the progress; piped, nothing.
 
+    --metrics-port PORT serves Prometheus metrics at http://127.0.0.1:PORT/metrics
+    and /healthz until the run ends (with --workers, the children's counts summed
+    by this process); a port in use exits 4 before anything is touched.
+
     \b
     Example:
       onceq dirq consume ./q --workers 2
+      onceq dirq consume ./q --workers 2 --metrics-port 9464
       onceq dirq consume ./inv --id-field invoiceId --url http://127.0.0.1:9300/api/invoices
       onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
       onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s

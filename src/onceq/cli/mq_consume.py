@@ -124,12 +124,18 @@ def consume(
     stops it first, and 1 when --max-seconds runs out first, so that a script
     knows it did not finish.
 
+    --metrics-port PORT serves Prometheus metrics at http://127.0.0.1:PORT/metrics
+    (--metrics-host to listen elsewhere) and /healthz: 200 while connected to the
+    broker and not stopping, else 503. A port in use exits 4 before anything is
+    consumed.
+
     \b
     Example:
       onceq partner claim --port 9202 &
       onceq mq topology
       onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30 --prefetch 5
       onceq mq consume --claim http://127.0.0.1:9202 --until-empty --json
+      onceq mq consume --claim http://127.0.0.1:9202 --metrics-port 9464
       onceq mq consume --claim http://127.0.0.1:9202 --retry exercise --no-breaker
       onceq mq topology --retry-delays 1s,10s
       onceq mq consume --claim http://127.0.0.1:9202 --retry-delays 1s,10s

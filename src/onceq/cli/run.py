@@ -44,7 +44,9 @@ def check(file: Path, as_json: bool) -> None:
     [flows.NAME.python] function = "module:func", [flows.NAME.sql]), and
     optionally retry = "default"|"exercise"|"none" or [flows.NAME.retry]
     (immediate, delays) and [flows.NAME.breaker] (enabled, failures, probe,
-    max_probe). Each flow's line shows the retry policy and breaker it runs with.
+    max_probe), and a top-level [metrics] table (port, host) where `onceq run`
+    serves /metrics and /healthz. Each flow's line shows the retry policy and
+    breaker it runs with.
 
     \b
     Example (flows.toml):
@@ -152,11 +154,17 @@ def run(
     empty, 130/143 when a signal stops it first, 1 when --max-seconds does. A
     second signal stops at once (the next run recovers what was claimed).
 
+    --metrics-port (or the file's [metrics] port; the flag wins) serves Prometheus
+    metrics at /metrics and a health check at /healthz until the run's end; a port
+    in use exits 4 before anything is touched.
+
     \b
     Example:
       onceq partner invoices --port 9300 &
       onceq run flows.toml --until-empty
       onceq run flows.toml --flow invoices --max-seconds 60 --json
+      onceq run flows.toml --metrics-port 9464 &
+      curl -s http://127.0.0.1:9464/metrics; curl -s http://127.0.0.1:9464/healthz
     """
     import asyncio
     import dataclasses

@@ -94,6 +94,18 @@ CREATE TABLE IF NOT EXISTS onceq.dead_ops (
     count       BIGINT NOT NULL DEFAULT 0,
     ids         TEXT NOT NULL DEFAULT '[]'
 );
+-- A running consumer's published state (onceq.heartbeat), one row per consumer.
+CREATE TABLE IF NOT EXISTS onceq.consumers (
+    flow       TEXT NOT NULL,
+    consumer   TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    pid        BIGINT NOT NULL,
+    started_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    every_s    DOUBLE PRECISION NOT NULL,
+    state      TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (flow, consumer)
+);
 -- The guard against an SQL effect's function ending the ledger's transaction (a stray
 -- COMMIT would make half a group durable before its copies are settled). A group that
 -- runs such functions inserts a row here first; the deferred trigger checks at COMMIT
@@ -115,6 +127,12 @@ CREATE CONSTRAINT TRIGGER commit_guard AFTER INSERT ON onceq.commit_guard
 """
 
 TABLES = ("meta", "messages", "duplicates", "failures", "replays", "dead_ops", "commit_guard")
+# Added in place to a version-1 ledger that lacks them, without a version bump: they
+# hold no rule of the ledger (a consumer's published state), so an older onceq keeps
+# opening the database and ignores them (onceq.ledger_db.ADDITIVE, the same on SQLite).
+ADDITIVE = {
+    "consumers": DDL[DDL.index("CREATE TABLE IF NOT EXISTS onceq.consumers") :].split(";")[0],
+}
 
 # Seconds to wait for a connection: a server that does not answer must not hold a
 # command (or, on a reconnect, the loop) for the OS's minutes-long TCP timeout.
@@ -221,6 +239,7 @@ def ensure(conn: psycopg.Connection[Any], where: str, *, create: bool, setup: st
                         "UPDATE onceq.meta SET value = %s WHERE key = 'schema_version'",
                         (str(VERSION),),
                     )
+            _add_tables(conn)
             _check_tables(conn, where)
             if setup:
                 # Under the same lock: two openers running CREATE TABLE IF NOT EXISTS at
@@ -239,6 +258,19 @@ def ensure(conn: psycopg.Connection[Any], where: str, *, create: bool, setup: st
         raise LedgerUnavailable(f"{where}: cannot open the ledger: {_why(exc)}") from None
     except psycopg.Error as exc:
         raise LedgerError(f"{where}: cannot open the ledger: {_why(exc)}") from None
+
+
+def _add_tables(conn: psycopg.Connection[Any]) -> None:
+    """Make the ADDITIVE tables this ledger lacks (under the schema lock, as the DDL)."""
+    have = {
+        r[0]
+        for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'onceq'"
+        ).fetchall()
+    }
+    for name, ddl in ADDITIVE.items():
+        if name not in have:
+            conn.execute(ddl)  # type: ignore[arg-type]
 
 
 def _check_tables(conn: psycopg.Connection[Any], where: str) -> None:
