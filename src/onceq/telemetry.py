@@ -9,9 +9,10 @@
 One `Telemetry` per process (a process may run several flows: `onceq run`); each
 consume path (`dirq.run.consume_flow`, `amqp.consume.consume_flow`, the runner's
 transport flows) registers the consumer it runs with `track`, so every flow is
-watched the same way whichever command started it. Without a port it serves nothing
-and the loop pays for nothing: no timer, no reader (only h3's log hook, which is a
-level check when INFO is off).
+watched the same way whichever command started it. Importing it costs nothing either
+(prometheus_client and aiohttp are imported on first use: `dirq lag` stays light).
+Without a port it serves nothing and the loop pays for nothing: no timer, no reader
+(only h3's log hook, which is a level check when INFO is off, and the heartbeat).
 
 Where the numbers come from (onceq.metrics): read at scrape time from the consumer's
 own `Stats`, filled in once per settled group by the loop, so /metrics and the run's
@@ -36,10 +37,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from onceq.metrics import Durations, FlowMetrics, Snapshot, snapshot_dict, snapshot_from_dict
-from onceq.stats import Stats
+if TYPE_CHECKING:
+    from onceq.metrics import FlowMetrics, Snapshot
 
 __all__ = ["LOG_FORMATS", "OpsOptions", "Telemetry"]
 
@@ -174,6 +175,8 @@ class Telemetry:
 
     def expect(self, flow: Any) -> FlowMetrics:
         """A flow this process will run: shown (as starting) before its consumer is up."""
+        from onceq.metrics import FlowMetrics
+
         fm = self.flows.get(flow.name)
         if fm is None:
             fm = self.flows[flow.name] = FlowMetrics(flow.name)
@@ -189,6 +192,7 @@ class Telemetry:
         reporter = None
         if self.watching:
             from onceq.consumer import no_effect
+            from onceq.metrics import Durations
 
             if consumer.handler is not no_effect:
                 consumer.effect_timer = Durations()
@@ -241,6 +245,8 @@ class Telemetry:
     def _report(self, watch: _Live) -> None:
         assert self.reporter is not None
         try:
+            from onceq.metrics import snapshot_dict
+
             self.reporter(snapshot_dict(watch.snapshot()))
         except Exception:  # a parent gone away must not end the child's run
             log.debug(
@@ -252,6 +258,9 @@ class Telemetry:
         from onceq.metrics_queues import reader_for
 
         fm = self.expect(flow)
+        from onceq.metrics import Snapshot
+        from onceq.stats import Stats
+
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
             fm.snapshots.append(lambda i=i: self._slots[i])
@@ -263,6 +272,8 @@ class Telemetry:
 
     def child_report(self, i: int, d: dict[str, Any]) -> None:
         """Child i's latest snapshot, replaced whole (one assignment: the server thread-safe)."""
+        from onceq.metrics import snapshot_from_dict
+
         self._slots[i] = snapshot_from_dict(d)
 
     @contextlib.contextmanager
@@ -330,6 +341,8 @@ class _Live:
         return None
 
     def snapshot(self) -> Snapshot:
+        from onceq.metrics import Snapshot
+
         c = self.consumer
         b = c.breaker
         return Snapshot(
@@ -363,6 +376,9 @@ async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
 
 
 def _folder_snapshot(root: Path) -> Snapshot:
+    from onceq.metrics import Snapshot
+    from onceq.stats import Stats
+
     ok = (root / "inbox").is_dir()
     return Snapshot(Stats(), problem=None if ok else f"queue folder {root} is gone")
 
