@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+# The log event of each change (onceq.logs.EVENTS): an alert keys on these names.
+BREAKER_EVENTS = {OPEN: "breaker-open", HALF_OPEN: "breaker-half-open", CLOSED: "breaker-closed"}
 
 
 def _seconds(s: float) -> str:
@@ -151,6 +153,13 @@ class Breaker:
         old, self._state = self._state, new
         word = {OPEN: "open" if old == CLOSED else "open again", HALF_OPEN: "half-open"}
         sep = " " if why.startswith("after") else ": "
-        log.warning("flow %s: breaker %s%s%s", self.name, word.get(new, new), sep, why)
+        log.warning(
+            "flow %s: breaker %s%s%s",
+            self.name,
+            word.get(new, new),
+            sep,
+            why,
+            extra={"event": BREAKER_EVENTS.get(new, "breaker-open"), "flow": self.name or None},
+        )
         if self.on_change is not None:
             self.on_change(old, new)

@@ -302,7 +302,7 @@ class Consumer:
         try:
             outcome = self.decode(d)
         except Exception as exc:
-            log.exception("decoder failed on %s", d.ref)
+            log.exception("decoder failed on %s", d.ref, extra={"event": "decoder-failed"})
             d.msg_id = None  # whatever it set before failing is not a checked id
             return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
         if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
@@ -353,7 +353,9 @@ class Consumer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a handler must not take the message with it
-            log.exception("handler failed on %s", d.ref)
+            log.exception(
+                "handler failed on %s", d.ref, extra={"event": "handler-failed", "msg_id": d.msg_id}
+            )
             outcome = Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
         if timer is not None:  # the call only: not the ledger read, not a wait for a turn
             timer.observe(time.perf_counter() - started)

@@ -182,7 +182,10 @@ class Heartbeat:
             await asyncio.wait_for(self._publish(self._snapshot("stopped")), FINAL_WAIT)
         except TimeoutError:
             log.warning(
-                "the heartbeat's final row for flow %s took over %.0fs", self.flow, FINAL_WAIT
+                "the heartbeat's final row for flow %s took over %.0fs",
+                self.flow,
+                FINAL_WAIT,
+                extra={"event": "heartbeat-final-slow"},
             )
         pool = self._pool
         # The close runs after the pending write in the same thread; not waited for.
@@ -249,11 +252,16 @@ class Heartbeat:
                     self.flow,
                     redact_text(" ".join(str(exc).split())[:300]) or type(exc).__name__,
                     self.every,
+                    extra={"event": "heartbeat-failed"},
                 )
             return
         self.writes += 1
         if self.failures:
-            log.warning("publishing the consumer state of flow %s again", self.flow)
+            log.warning(
+                "publishing the consumer state of flow %s again",
+                self.flow,
+                extra={"event": "heartbeat-back"},
+            )
         self.failures = 0
 
     def _open(self) -> Any:

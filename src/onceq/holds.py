@@ -148,6 +148,7 @@ class Holds:
             "ledger %s unavailable (%s); holding messages until it answers",
             getattr(self.ledger, "path", "?"),
             type(exc).__name__,
+            extra={"event": "ledger-lost"},
         )
         self._hold(LEDGER)
         self._spawn(self._watch_ledger(time.monotonic()), "onceq-ledger-watch", self._on_done)
@@ -171,6 +172,7 @@ class Holds:
             "ledger %s answers again after %.1f s; taking messages again",
             getattr(self.ledger, "path", "?"),
             time.monotonic() - since,
+            extra={"event": "ledger-back"},
         )
         self._unhold(LEDGER)
         self._wake_up()

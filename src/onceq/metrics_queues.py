@@ -129,5 +129,10 @@ def reader_for(flow: Any, transport: Any) -> DirScan | RabbitDepths | None:
         try:
             return RabbitDepths(transport.url, flow)
         except OnceqError as exc:  # EAI_RABBITMQ_API mistyped: the figures, not the run
-            log.warning("no queue depths for flow %s: %s", flow.name, exc)
+            log.warning(
+                "no queue depths for flow %s: %s",
+                flow.name,
+                exc,
+                extra={"event": "depths-unavailable"},
+            )
     return None

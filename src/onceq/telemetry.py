@@ -249,7 +249,9 @@ class Telemetry:
 
             self.reporter(snapshot_dict(watch.snapshot()))
         except Exception:  # a parent gone away must not end the child's run
-            log.debug("could not report to the parent", exc_info=True)
+            log.debug(
+                "could not report to the parent", exc_info=True, extra={"event": "report-failed"}
+            )
 
     def expect_children(self, flow: Any, n: int) -> None:
         """The --workers parent: n children's slots, and the queue reader it runs itself."""
@@ -402,4 +404,8 @@ def _chain(
 def _log_reader_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         # A queue reader is an observer: its failure costs the depth figures, never the run.
-        log.warning("queue depth reader stopped: %s", task.exception())
+        log.warning(
+            "queue depth reader stopped: %s",
+            task.exception(),
+            extra={"event": "depth-reader-stopped"},
+        )

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceq import errors, redact
-from onceq.amqp.url import RedactingFormatter
+from onceq.logs import RedactingFormatter
 from onceq.redact import RedactingStream, guarded_stdio, redact_text, redact_url, remember
 
 

@@ -265,6 +265,7 @@ async def _drive(
                     "in-flight deliveries did not finish within %.0fs; they return to %s",
                     opts.grace,
                     "the queue",
+                    extra={"event": "grace-expired"},
                 )
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)

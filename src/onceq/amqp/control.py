@@ -124,7 +124,12 @@ class ConsumerControl:
             if not self.stopped.is_set():
                 await self._consume()
         except Exception as exc:
-            log.info("drain check on %s: %s; asking again", self.queue_name, type(exc).__name__)
+            log.info(
+                "drain check on %s: %s; asking again",
+                self.queue_name,
+                type(exc).__name__,
+                extra={"event": "drain-check-failed"},
+            )
         return False
 
     # --- the breaker's Pausable -------------------------------------------------------
@@ -187,7 +192,12 @@ class ConsumerControl:
                     channel = await self._channel.get_underlay_channel()
                     await channel.basic_recover(requeue=True, timeout=CONNECT_TIMEOUT)
         except Exception as exc:  # an outage: the broker returns them when the channel dies
-            log.info("pause of %s: %s", self.queue_name, type(exc).__name__)
+            log.info(
+                "pause of %s: %s",
+                self.queue_name,
+                type(exc).__name__,
+                extra={"event": "pause-failed"},
+            )
 
     async def _resume(self) -> None:
         # Until it is a consumer again: a resume that fails (the channel is being
@@ -203,7 +213,12 @@ class ConsumerControl:
                     await self._consume()
                     return
                 except Exception as exc:
-                    log.info("resume of %s: %s; again in 1s", self.queue_name, type(exc).__name__)
+                    log.info(
+                        "resume of %s: %s; again in 1s",
+                        self.queue_name,
+                        type(exc).__name__,
+                        extra={"event": "resume-failed"},
+                    )
             await asyncio.sleep(1.0)
 
     async def _probe(self) -> None:
@@ -217,7 +232,12 @@ class ConsumerControl:
                             no_ack=False, fail=False, timeout=CONNECT_TIMEOUT
                         )
                     except Exception as exc:
-                        log.info("probe of %s: %s", self.queue_name, type(exc).__name__)
+                        log.info(
+                            "probe of %s: %s",
+                            self.queue_name,
+                            type(exc).__name__,
+                            extra={"event": "probe-failed"},
+                        )
                 if message is not None:
                     self._hand_out(message)
                     return

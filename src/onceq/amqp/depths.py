@@ -205,7 +205,11 @@ class DepthCache:
             why = str(exc) if isinstance(exc, OnceqError) else f"{type(exc).__name__}: {exc}"
             why = redact_text(" ".join(why.split()))
             if self.error is None:  # once per outage
-                log.warning("queue depths: %s (kept the last figures)", why)
+                log.warning(
+                    "queue depths: %s (kept the last figures)",
+                    why,
+                    extra={"event": "depths-failed"},
+                )
             self.error = why
             await self._drop_connection()
             return

@@ -143,6 +143,7 @@ class ManagementApi:
                 "RabbitMQ management API %s: %s; unacked and memory figures unknown",
                 self.url,
                 why,
+                extra={"event": "management-api-unusable"},
             )
         self.available, self.error = False, why
         return None

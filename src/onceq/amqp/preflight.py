@@ -209,6 +209,7 @@ async def check_work_queue(url: str, t: Topology) -> QueueFacts | None:
             "queue %s: its dead-letter arguments were not checked (this user may not"
             " declare it: no configure permission)",
             t.queue,
+            extra={"event": "dead-letter-unchecked"},
         )
         return None
     why = dead_letter_problem(t, facts.arguments)
@@ -220,7 +221,7 @@ async def check_work_queue(url: str, t: Topology) -> QueueFacts | None:
         )
     limit_warning = delivery_limit_problem(facts)
     if limit_warning:
-        log.warning("queue %s: %s", t.queue, limit_warning)
+        log.warning("queue %s: %s", t.queue, limit_warning, extra={"event": "delivery-limit"})
     return facts
 
 
@@ -287,7 +288,9 @@ async def broker_consumer_timeout(url: str) -> tuple[bool, int | None]:
     ctl = shutil.which("rabbitmqctl")
     if host not in LOOPBACK or ctl is None:
         log.debug(
-            "consumer_timeout of %s: not read (not on this host, or no rabbitmqctl)", shown(url)
+            "consumer_timeout of %s: not read (not on this host, or no rabbitmqctl)",
+            shown(url),
+            extra={"event": "consumer-timeout-unread"},
         )
         return False, None
     proc = await asyncio.create_subprocess_exec(
@@ -315,6 +318,7 @@ async def broker_consumer_timeout(url: str) -> tuple[bool, int | None]:
             "consumer_timeout of %s: rabbitmqctl did not tell (exit %s)",
             shown(url),
             proc.returncode,
+            extra={"event": "consumer-timeout-unread"},
         )
     return understood, limit
 
@@ -339,7 +343,10 @@ async def check_consumer_timeout(
     The queue's own x-consumer-timeout is compared at once; the broker's setting is read
     through rabbitmqctl only after `ctl_after` seconds (the consumer passes CTL_AFTER_S)."""
     if call_timeout is None:
-        log.debug("consumer_timeout: the flow's call has no timeout of its own; not compared")
+        log.debug(
+            "consumer_timeout: the flow's call has no timeout of its own; not compared",
+            extra={"event": "consumer-timeout-unread"},
+        )
         return ""
     per_queue = (facts.arguments if facts else {}).get("x-consumer-timeout")
     if isinstance(per_queue, int):
@@ -351,11 +358,16 @@ async def check_consumer_timeout(
         try:
             understood, limit = await broker_consumer_timeout(url)
         except (OSError, TimeoutError) as exc:
-            log.debug("consumer_timeout of %s: not read (%s)", shown(url), type(exc).__name__)
+            log.debug(
+                "consumer_timeout of %s: not read (%s)",
+                shown(url),
+                type(exc).__name__,
+                extra={"event": "consumer-timeout-unread"},
+            )
             return ""
         if not understood:
             return ""
         problem = consumer_timeout_problem(limit, call_timeout, "the broker's consumer_timeout")
     if problem:
-        log.warning("queue %s: %s", queue, problem)
+        log.warning("queue %s: %s", queue, problem, extra={"event": "consumer-timeout"})
     return problem

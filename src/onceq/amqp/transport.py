@@ -224,11 +224,12 @@ class AmqpTransport(ConsumerControl):
             redact_url(self.url),
             type(exc).__name__,
             RECONNECT_INTERVAL,
+            extra={"event": "connection-lost"},
         )
 
     def _on_reconnected(self, _connection: Any) -> None:
         self._down = False
-        log.warning("reconnected to %s", redact_url(self.url))
+        log.warning("reconnected to %s", redact_url(self.url), extra={"event": "reconnected"})
 
     @property
     def connected(self) -> bool:
@@ -278,7 +279,11 @@ class AmqpTransport(ConsumerControl):
                     # Its channel died before we started on it: the broker has already
                     # requeued it and will deliver it again on the new channel.
                     self._held -= 1
-                    log.info("%s: skipped, its channel closed before handling", item.ref)
+                    log.info(
+                        "%s: skipped, its channel closed before handling",
+                        item.ref,
+                        extra={"event": "skipped-closed-channel"},
+                    )
                     continue
                 yield item
                 continue
@@ -309,7 +314,7 @@ class AmqpTransport(ConsumerControl):
         try:
             await asyncio.wait_for(self._queue.cancel(tag), CONNECT_TIMEOUT)
         except Exception as exc:  # a dead channel has no consumer left to cancel
-            log.info("consumer cancel: %s", type(exc).__name__)
+            log.info("consumer cancel: %s", type(exc).__name__, extra={"event": "cancel-failed"})
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
         # DELAY: every copy of the group is published (confirms awaited together), and
@@ -354,6 +359,7 @@ class AmqpTransport(ConsumerControl):
                         failed,
                         self.queue_name,
                         self.topology_command(),
+                        extra={"event": "retry-copy-unconfirmed", "msg_id": delivery.msg_id},
                     )
                 await message.reject(requeue=True)
             faults.hit("mid-settle")  # acks go one by one: some of the group are sent
@@ -372,6 +378,7 @@ class AmqpTransport(ConsumerControl):
                 delivery.msg_id,
                 decision.value,
                 type(exc).__name__,
+                extra={"event": "settle-lost", "msg_id": delivery.msg_id},
             )
         finally:
             # Sent (awaited: its frame is out before any later method on this

@@ -1,4 +1,4 @@
-"""The broker URL, its vhost, password-free logging, and the AMQP error boundary.
+"""The broker URL, its vhost, and the AMQP error boundary.
 
 Every aiormq/aio-pika exception that reaches a user passes through `translate`
 (or the `boundary` context manager around it): nowhere else is a third-party
@@ -9,7 +9,6 @@ decided in one screen.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 from collections.abc import Iterator
@@ -129,29 +128,6 @@ def vhost_of(url: str) -> str:
     path = urlsplit(url).path
     vhost = unquote(path[1:]) if path.startswith("/") else unquote(path)
     return vhost or "/"
-
-
-class RedactingFormatter(logging.Formatter):
-    """Masks URL passwords in every log line, ours or a library's (aiormq logs URLs)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
-
-
-def setup_logging(level: int = logging.WARNING) -> None:
-    """One stderr handler whose output never contains a password.
-
-    aiormq and aio-pika log every failed connection attempt with a traceback; the
-    command reports that failure itself in one line, so they are quietened to
-    ERROR and their reconnect chatter (robust connections) stays out of the way.
-    """
-    handler = logging.StreamHandler()
-    handler.setFormatter(RedactingFormatter("onceq: %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    for noisy in ("aiormq", "aio_pika"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 
 def _reason(exc: BaseException) -> str:

@@ -82,7 +82,9 @@ def _main(argv: list[str] | None) -> None:
         sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
-        sys.stderr.write(f"onceq: {redact_text(str(exc))}\n")
+        from onceq.logs import say  # a JSON object when the command logs JSON
+
+        say(redact_text(str(exc)), "error")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("onceq: interrupted\n")

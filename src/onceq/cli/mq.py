@@ -171,12 +171,13 @@ def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
     A flow without `url` uses EAI_AMQP_URL (the default broker), as `onceq run` does.
     """
     from onceq.amqp.topology import Topology
-    from onceq.amqp.url import amqp_url, setup_logging
+    from onceq.amqp.url import amqp_url
     from onceq.cli.run import load_or_exit
     from onceq.flow import RabbitSource
+    from onceq.logs import setup as setup_logs
 
     ff = load_or_exit(flow_file, ())
-    setup_logging()
+    setup_logs()
     brokers: dict[str, list[Any]] = {}
     for flow in ff.flows:
         if isinstance(flow.source, RabbitSource):

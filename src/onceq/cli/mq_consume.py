@@ -18,9 +18,10 @@ from onceq.ledger_target import Target, describe
 
 def cli_url() -> str:
     """The broker URL of every `mq` command, logging set up so no line shows its password."""
-    from onceq.amqp.url import amqp_url, setup_logging
+    from onceq.amqp.url import amqp_url
+    from onceq.logs import setup as setup_logs
 
-    setup_logging()
+    setup_logs()
     return amqp_url()
 
 

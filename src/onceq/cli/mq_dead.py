@@ -105,12 +105,13 @@ def _from_flow_file(flow_file: Path, flow_name: str, db: LedgerTarget | None) ->
     """--flows FILE: the flow --flow names (its default, `default`, may be left out when
     the file has one rabbitmq flow)."""
     from onceq.amqp.topology import Topology
-    from onceq.amqp.url import amqp_url, setup_logging
+    from onceq.amqp.url import amqp_url
     from onceq.cli.run import load_or_exit
     from onceq.flow import RabbitSource
+    from onceq.logs import setup as setup_logs
 
     ff = load_or_exit(flow_file, ())
-    setup_logging()
+    setup_logs()
     named = {f.name: f for f in ff.flows}
     rabbit = [f for f in ff.flows if isinstance(f.source, RabbitSource)]
     if flow_name in named:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -51,8 +52,10 @@ def emit_json(obj: Any) -> None:
 
 
 def fail(message: str) -> None:
-    """One line on stderr, no traceback, no markup interpretation."""
-    sys.stderr.write(f"onceq: {message}\n")
+    """One line on stderr, no traceback, no markup interpretation (JSON with --log-format json)."""
+    from onceq.logs import say
+
+    say(message, "error")
 
 
 def _by_reason(counts: dict[str, int]) -> str:
@@ -110,6 +113,11 @@ def note_new_ledger(path: object) -> None:
     clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
     # describe: a PostgreSQL ledger is named by its URL, shown without its password.
     where = describe(path if isinstance(path, str) else str(path))
+    from onceq.logs import json_mode, say
+
+    if json_mode():  # every stderr line of a JSON-logging run is a JSON object
+        say(f"new ledger at {where}: no message seen before", "new-ledger", logging.WARNING)
+        return
     sys.stderr.write(f"{clear}onceq: new ledger at {where}: no message seen before\n")
 
 

@@ -6,9 +6,9 @@
 The line counts what has been settled (processed, duplicates, dead letters) and the
 rate, fed by the consumer's `on_settled` hook, and is redrawn a few times a second by
 a thread, so the rate stays true while nothing settles (a slow partner, an empty
-queue). It is shown only when stderr is a terminal: piped or redirected output gets
-nothing extra, and stdout (the summary, the JSON) is never touched. It is erased
-when the run ends, before the summary is printed.
+queue). It is shown only when stderr is a terminal (and the logs are not JSON): piped
+or redirected output gets nothing extra, and stdout (the summary, the JSON) is never
+touched. It is erased when the run ends, before the summary is printed.
 """
 
 from __future__ import annotations
@@ -90,8 +90,12 @@ def live_progress(
     label: str, dead_word: str, stream: TextIO | None = None
 ) -> Iterator[Callable[[Sequence[Entry]], None] | None]:
     """Yield an on_settled hook that feeds a status line, or None when not on a terminal."""
+    from onceq.logs import json_mode
+
     stream = stream or sys.stderr
-    if not stream.isatty():
+    # With --log-format json every stderr line is an object a reader parses, even on
+    # a terminal (a log viewer's pty): no status line is drawn between them.
+    if not stream.isatty() or json_mode():
         yield None
         return
     line = StatusLine(label, dead_word, stream)

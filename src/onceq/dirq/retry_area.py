@@ -62,7 +62,12 @@ def set_due(name: str, dir_fd: int, due: float) -> None:
     try:
         os.utime(name, ns=(ns, ns), dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
-        log.warning("%s: cannot set its retry time (%s); it is due at once", name, exc.strerror)
+        log.warning(
+            "%s: cannot set its retry time (%s); it is due at once",
+            name,
+            exc.strerror,
+            extra={"event": "retry-time-unset"},
+        )
 
 
 def scan(retry_fd: int, now: float) -> tuple[list[str], float]:

@@ -218,7 +218,11 @@ class PgGuard:
             try:
                 await self._flush(releases, claims)
             except Exception as exc:  # a bug here must not leave claims waiting for ever
-                log.exception("in-flight guard on %s: batch failed", self.path)
+                log.exception(
+                    "in-flight guard on %s: batch failed",
+                    self.path,
+                    extra={"event": "guard-failed"},
+                )
                 for _, fut in claims:
                     if not fut.done():
                         fut.set_exception(exc)
@@ -328,6 +332,7 @@ class PgGuard:
                 "in-flight guard on %s: reconnected after %.1f s",
                 self.path,
                 time.monotonic() - self._down_since,
+                extra={"event": "guard-back"},
             )
             self._down_since = None
         return self._conn
@@ -352,6 +357,7 @@ class PgGuard:
                 " holds up to its prefetch in advisory locks)",
                 self.path,
                 type(exc).__name__,
+                extra={"event": "guard-short"},
             )
 
     def _warn_lost(self, exc: BaseException) -> None:
@@ -363,4 +369,5 @@ class PgGuard:
                 " it is back (the ledger still records each message once)",
                 self.path,
                 type(exc).__name__,
+                extra={"event": "guard-lost"},
             )

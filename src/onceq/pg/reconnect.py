@@ -90,13 +90,23 @@ class Reconnector:
             if self._down_since is not None:
                 return
             self._down_since = time.monotonic()
-        log.warning("ledger %s: connection lost (%s); reconnecting", self.where, schema._why(exc))
+        log.warning(
+            "ledger %s: connection lost (%s); reconnecting",
+            self.where,
+            schema._why(exc),
+            extra={"event": "ledger-lost"},
+        )
 
     def _came_back(self) -> None:
         with self._lock:
             since, self._down_since = self._down_since, None
         if since is not None:
-            log.warning("ledger %s: reconnected after %.1f s", self.where, time.monotonic() - since)
+            log.warning(
+                "ledger %s: reconnected after %.1f s",
+                self.where,
+                time.monotonic() - since,
+                extra={"event": "ledger-back"},
+            )
 
     def lost(self, exc: BaseException) -> LedgerUnavailable:
         """A read's lost connection, as the error to raise."""

@@ -1,0 +1,127 @@
+"""Every log call of the library names its event, and every event is in one table.
+
+An operator alerts on an event by its name (docs/operations.md lists them from
+onceq.logs.EVENTS): a log call added without an event, or with one the table does not
+describe, fails here instead of shipping a line nobody can find.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+from onceq.logs import EVENTS
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "onceq"
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+KEBAB = re.compile(r"^[a-z]+(-[a-z]+)*$")
+# Told by onceq.logs itself: log_group's verdicts and the filter's default events.
+FROM_LOGS = {"duplicate", "retry", "dead", "held", "recovered", "log", "python-warning"}
+
+
+def _loggers(tree: ast.Module) -> set[str]:
+    """Module-level names bound to logging.getLogger(...)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr == "getLogger":
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def _calls() -> list[tuple[Path, int, str, ast.Call]]:
+    """(file, line, module, call) of every log call on a module's logger."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "logs.py" and path.parent == SRC:
+            continue  # log_group and say take their event as data (tested in test_logs)
+        tree = ast.parse(path.read_text())
+        loggers = _loggers(tree)
+        module = "onceq." + ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LEVELS
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in loggers
+            ):
+                out.append((path, node.lineno, module, node))
+    return out
+
+
+def _event(module: str, call: ast.Call) -> set[str]:
+    """The event(s) a call names: a literal, or a module's *_EVENTS table looked up."""
+    extra = next((k.value for k in call.keywords if k.arg == "extra"), None)
+    assert isinstance(extra, ast.Dict), "no extra={...} dict literal"
+    values = dict(zip(extra.keys, extra.values, strict=True))
+    key = next((k for k in values if isinstance(k, ast.Constant) and k.value == "event"), None)
+    assert key is not None, 'no "event" in extra'
+    value = values[key]
+    if isinstance(value, ast.Constant):
+        return {value.value}
+    tables = {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and n.id.endswith("_EVENTS")}
+    assert tables, f"event is neither a literal nor a *_EVENTS table: {ast.unparse(value)}"
+    mod = importlib.import_module(module)
+    return {v for t in tables for v in getattr(mod, t).values()}
+
+
+def _say_events() -> set[str]:
+    """The events of onceq.logs.say(text, EVENT) calls (the CLI's own lines)."""
+    found = set()
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "say"
+                and len(node.args) >= 2
+            ):
+                arg = node.args[1]
+                assert isinstance(arg, ast.Constant), f"{path}: say() with a computed event"
+                found.add(arg.value)
+    return found
+
+
+def test_the_library_has_log_calls_to_check() -> None:
+    """The scan finds the known call sites (a scan that finds none would pass anything)."""
+    modules = {m for _, _, m, _ in _calls()}
+    for known in ("onceq.breaker", "onceq.amqp.transport", "onceq.pg.reconnect", "onceq.holds"):
+        assert known in modules
+
+
+def test_every_log_call_names_an_event_of_the_table() -> None:
+    problems = []
+    for path, line, module, call in _calls():
+        where = f"{path.relative_to(SRC.parent)}:{line}"
+        try:
+            events = _event(module, call)
+        except AssertionError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        problems += [
+            f"{where}: event {e!r} is not in onceq.logs.EVENTS" for e in events - set(EVENTS)
+        ]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_event_of_the_table_is_logged_somewhere_and_is_kebab_case() -> None:
+    used = set(FROM_LOGS) | _say_events()
+    for _, _, module, call in _calls():
+        used |= _event(module, call)
+    assert set(EVENTS) - used == set(), "described but never logged"
+    assert [e for e in EVENTS if not KEBAB.match(e)] == []
+    assert all(text.strip() for text in EVENTS.values())
+
+
+def test_the_breaker_names_an_event_for_each_of_its_states() -> None:
+    from onceq.breaker import BREAKER_EVENTS, CLOSED, HALF_OPEN, OPEN
+
+    assert BREAKER_EVENTS == {
+        OPEN: "breaker-open",
+        HALF_OPEN: "breaker-half-open",
+        CLOSED: "breaker-closed",
+    }
