@@ -15,6 +15,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -265,3 +266,32 @@ def test_the_cache_reconnects_after_the_broker_drops_its_connection(amqp_url: st
     error, reads = asyncio.run(scenario())
     assert reads >= 2
     assert error is None or "guest:guest" not in error  # a failed period, masked
+
+
+@pytest.fixture
+def odd_vhost() -> Iterator[str]:
+    """A vhost whose name holds a slash, a space and a percent sign: the API's path must
+    carry it as one quoted segment."""
+    name = f"onceq-test-{uuid.uuid4().hex[:6]}/a b%"
+    ctl("add_vhost", name)
+    try:
+        ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{quote(name, safe='')}"
+    finally:
+        ctl("delete_vhost", name)
+
+
+def test_a_vhost_with_a_slash_space_and_percent_reads_unacked_too(odd_vhost: str) -> None:
+    assert cli(odd_vhost, "mq", "topology", "--retry", "exercise").returncode == 0
+    conn = pika.BlockingConnection(pika.URLParameters(odd_vhost))
+    for _ in range(2):
+        conn.channel().basic_publish("eai.claim", "claim", b"{}")
+    holder = Holder(odd_vhost, "claim.in", prefetch=1)
+    holder.take(1)
+    try:
+        want = QueueDepth(ready=1, consumers=1, unacked=1)
+        assert truth(odd_vhost)["claim.in"] == want
+        wait_for(lambda: read(odd_vhost, queues=["claim.in"])["claim.in"] == want, 20, step=0.5)
+    finally:
+        holder.close()
+        conn.close()
