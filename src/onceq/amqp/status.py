@@ -22,6 +22,7 @@ from onceq.amqp.url import vhost_of
 from onceq.errors import NotFound
 
 NEEDS_API = "needs the management API"
+TURNED_OFF = "turned off (--management-url / EAI_RABBITMQ_API off)"
 # The resource alarms /api/nodes reports, by the word the memory line uses.
 ALARMS = {"memory": "mem_alarm", "disk": "disk_free_alarm"}
 
@@ -100,9 +101,7 @@ async def read_status(
         async with api.session() as session:
             nodes = await api.nodes(session)
     management = (
-        api.as_dict()
-        if api is not None
-        else {"url": None, "available": False, "error": "turned off (--management-url off)"}
+        api.as_dict() if api is not None else {"url": None, "available": False, "error": TURNED_OFF}
     )
     return {
         "vhost": vhost_of(amqp_url),
