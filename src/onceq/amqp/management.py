@@ -162,7 +162,10 @@ class _Unusable(Exception):
 
 
 _STATUS_WORDS = {
-    401: "login refused (401): check the user and password",
+    # RabbitMQ answers 401 also for a right password of a user with no management tag,
+    # and for a queue of a vhost the user has no permission on (measured on 3.10).
+    401: "login refused (401): a wrong user or password, a user without the monitoring"
+    " tag, or without access to the vhost",
     403: "the user may not read this (403): it needs the monitoring or management tag",
 }
 
