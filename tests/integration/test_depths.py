@@ -9,10 +9,13 @@ so `unacked` is waited for (wait_for), never slept for; ready and consumers are 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -196,3 +199,99 @@ def test_the_cache_keeps_the_failure_and_never_raises(amqp_url: str) -> None:
     cache = asyncio.run(scenario())
     assert cache.updated is None and cache.snapshot() == {}
     assert "does not exist" in (cache.error or "") and "guest:guest" not in (cache.error or "")
+
+
+class _NotTheApi(http.server.BaseHTTPRequestHandler):
+    """A web server that is not RabbitMQ's: a page for /html paths, 404 for the rest."""
+
+    def do_GET(self) -> None:
+        page = self.path.startswith("/html")
+        self.send_response(200 if page else 404)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>hello</html>")
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_web_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotTheApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("path", ["/html", "/nothing"])
+def test_another_web_server_is_not_taken_for_the_api(
+    loaded: str, other_web_server: str, path: str
+) -> None:
+    api = management_api(loaded, other_web_server + path)
+    got = read(loaded, api)
+    assert got["claim.in"] == QueueDepth(ready=3, consumers=1, unacked=None)
+    assert api is not None and api.available is False
+    assert "not a RabbitMQ management API" in (api.error or "")
+
+
+def test_the_cache_reconnects_after_the_broker_drops_its_connection(amqp_url: str) -> None:
+    assert cli(amqp_url, "mq", "topology", "--retry", "exercise").returncode == 0
+
+    async def scenario() -> tuple[str | None, int]:
+        cache = DepthCache(amqp_url, ["claim.in"], None, every=0.2)
+        stop = asyncio.Event()
+        task = asyncio.create_task(cache.run(stop))
+        while cache.updated is None:
+            await asyncio.sleep(0.01)
+        first = cache._reader.connection  # type: ignore[union-attr]
+        # The broker closes every connection of the vhost (as a restart would).
+        await asyncio.to_thread(ctl, "close_all_connections", "-p", vhost(amqp_url), "test")
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        conn.channel().basic_publish("eai.claim", "claim", b"{}")
+        conn.close()
+        seen_error = None
+        start = asyncio.get_running_loop().time()
+        while (cache.snapshot()["claim.in"] or QueueDepth(0, 0, None)).ready != 1:
+            seen_error = seen_error or cache.error
+            assert asyncio.get_running_loop().time() - start < 10, (cache.error, cache.snapshot())
+            await asyncio.sleep(0.01)
+        assert first.is_closed and cache._reader.connection is not first  # type: ignore[union-attr]
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return seen_error, cache.reads
+
+    error, reads = asyncio.run(scenario())
+    assert reads >= 2
+    assert error is None or "guest:guest" not in error  # a failed period, masked
+
+
+@pytest.fixture
+def odd_vhost() -> Iterator[str]:
+    """A vhost whose name holds a slash, a space and a percent sign: the API's path must
+    carry it as one quoted segment."""
+    name = f"onceq-test-{uuid.uuid4().hex[:6]}/a b%"
+    ctl("add_vhost", name)
+    try:
+        ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{quote(name, safe='')}"
+    finally:
+        ctl("delete_vhost", name)
+
+
+def test_a_vhost_with_a_slash_space_and_percent_reads_unacked_too(odd_vhost: str) -> None:
+    assert cli(odd_vhost, "mq", "topology", "--retry", "exercise").returncode == 0
+    conn = pika.BlockingConnection(pika.URLParameters(odd_vhost))
+    for _ in range(2):
+        conn.channel().basic_publish("eai.claim", "claim", b"{}")
+    holder = Holder(odd_vhost, "claim.in", prefetch=1)
+    holder.take(1)
+    try:
+        want = QueueDepth(ready=1, consumers=1, unacked=1)
+        assert truth(odd_vhost)["claim.in"] == want
+        wait_for(lambda: read(odd_vhost, queues=["claim.in"])["claim.in"] == want, 20, step=0.5)
+    finally:
+        holder.close()
+        conn.close()

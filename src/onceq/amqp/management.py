@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from onceq.amqp.url import check_url
-from onceq.redact import redact_text, redact_url, remember, remember_secret
+from onceq.redact import redact_text, redact_url, remember_secret
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ManagementApi:
         self, session: Any, vhost: str, names: Sequence[str]
     ) -> dict[str, dict[str, Any] | None] | None:
         """{name: the queue's figures, or None when the API does not know it}, or None
-        when the API cannot be used (see `error`).
+        when the API cannot be used (see `error`). `names`: queues known to exist.
 
         One GET per queue, in parallel, rather than one listing of the vhost: its cost
         is the flow's handful of queues, never the vhost's thousands.
@@ -97,6 +97,10 @@ class ManagementApi:
             )
         except _Unusable as exc:
             return self._failed(str(exc))
+        if names and not any(isinstance(d, dict) for d in docs):
+            # The caller asks only for queues AMQP has just found, and the API lists a
+            # queue from its declaration on: 404 for all of them is another web server.
+            return self._failed("not a RabbitMQ management API (404 for queues that exist)")
         self._answered()
         return {n: d if isinstance(d, dict) else None for n, d in zip(names, docs, strict=True)}
 
@@ -120,6 +124,8 @@ class ManagementApi:
             columns=columns
         )
         try:
+            # No redirects: the Authorization header must go to this API and nowhere
+            # else; a redirect (a proxy's login page, say) is reported as its status.
             async with session.get(url, allow_redirects=False) as r:
                 if r.status == 404:
                     return None
@@ -157,7 +163,10 @@ class _Unusable(Exception):
 
 
 _STATUS_WORDS = {
-    401: "login refused (401): check the user and password",
+    # RabbitMQ answers 401 also for a right password of a user with no management tag,
+    # and for a queue of a vhost the user has no permission on (measured on 3.10).
+    401: "login refused (401): a wrong user or password, a user without the monitoring"
+    " tag, or without access to the vhost",
     403: "the user may not read this (403): it needs the monitoring or management tag",
 }
 
@@ -197,8 +206,8 @@ def management_api(amqp_url: str, override: str | None = None) -> ManagementApi 
             port=HTTPS_PORT if secure else HTTP_PORT,
         )
         return ManagementApi(base / "api", login, password, str(base))
+    # check_url remembers its password first: masked in every later text.
     override = check_url(override.strip(), label, ("http", "https"), "a management API's port")
-    remember(override)
     given = URL(override)
     if given.user is not None:  # the override's own login, whole
         login, password = given.user, given.password or ""

@@ -22,6 +22,9 @@ from onceq.amqp.url import vhost_of
 from onceq.errors import NotFound
 
 NEEDS_API = "needs the management API"
+TURNED_OFF = "turned off (--management-url / EAI_RABBITMQ_API off)"
+# The resource alarms /api/nodes reports, by the word the memory line uses.
+ALARMS = {"memory": "mem_alarm", "disk": "disk_free_alarm"}
 
 
 def queue_doc(depth: QueueDepth | None) -> dict[str, int | None] | None:
@@ -49,6 +52,7 @@ def memory_of(nodes: list[dict[str, Any]] | None, node: str | None) -> dict[str,
             "limit_bytes": None,
             "used_bytes": None,
             "alarms": None,
+            "nodes": None,
             "unknown": NEEDS_API,
         }
     names = [str(n.get("name")) for n in nodes]
@@ -59,7 +63,7 @@ def memory_of(nodes: list[dict[str, Any]] | None, node: str | None) -> dict[str,
     alarms = []
     for n in nodes:
         where = f" on {n.get('name')}" if len(nodes) > 1 else ""
-        alarms += [f"{kind}{where}" for kind in ("memory", "disk") if n.get(f"{kind}_alarm")]
+        alarms += [f"{word}{where}" for word, key in ALARMS.items() if n.get(key) is True]
     if node is not None:
         chosen = nodes[names.index(node)]
     else:  # a node in alarm first: that is the one the reader needs to see
@@ -74,6 +78,7 @@ def memory_of(nodes: list[dict[str, Any]] | None, node: str | None) -> dict[str,
         "used_bytes": _int(chosen.get("mem_used")),
         "alarms": alarms,
         "nodes": len(nodes),
+        "unknown": None,
     }
 
 
@@ -96,9 +101,7 @@ async def read_status(
         async with api.session() as session:
             nodes = await api.nodes(session)
     management = (
-        api.as_dict()
-        if api is not None
-        else {"url": None, "available": False, "error": "turned off (--management-url off)"}
+        api.as_dict() if api is not None else {"url": None, "available": False, "error": TURNED_OFF}
     )
     return {
         "vhost": vhost_of(amqp_url),
