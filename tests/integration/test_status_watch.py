@@ -138,6 +138,28 @@ def test_watch_refreshes_the_counts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     assert "Traceback" not in screen.text() and "interrupted" not in screen.text()
 
 
+def test_sigterm_restores_the_cursor_and_exits_143(tmp_path: Path) -> None:
+    (tmp_path / "flows.toml").write_text(
+        'ledger = "ledger.db"\n[flows.files]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
+    )
+    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    screen = Screen(["-m", "onceq", "status", "--watch", "--interval", "0.3"], tmp_path)
+    try:
+        screen.wait_row("files", lambda r: r[1].startswith("inbox 0"))
+        os.kill(screen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not (done := os.waitpid(screen.pid, os.WNOHANG))[0]:
+            assert time.monotonic() < deadline
+            screen.pump()
+        for _ in range(20):
+            screen.pump(0.05)
+    finally:
+        os.close(screen.fd)
+    assert os.waitstatus_to_exitcode(done[1]) == 143
+    assert screen.raw.rfind(SHOW) > screen.raw.rfind(HIDE) >= 0
+    assert "Traceback" not in screen.text()
+
+
 def test_watch_json_is_one_document_a_line_with_rates(tmp_path: Path) -> None:
     import json
     import subprocess

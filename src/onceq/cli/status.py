@@ -67,8 +67,9 @@ def status(
     consumer silent for 3 heartbeats is stale). Without FILE and ./flows.toml,
     --db names a ledger and every flow in it is shown, ledger counts only. The
     ledger is opened read-only and never created. A flow whose queue cannot be
-    read shows why, as does a ledger that cannot be read. Exit 0 (a view was
-    shown); 2 a bad flow file (every mistake, one line each); 3 no flow file (and
+    read shows why, as does a ledger that cannot be read. --watch redraws every
+    --interval s with rates over the last minute until Ctrl-C. Exit 0 (a view was
+    shown, or Ctrl-C ended the watch; SIGTERM 143); 2 a bad flow file (every mistake, one line each); 3 no flow file (and
     no --db); 8 a --db view whose ledger cannot be read.
 
     \b
@@ -133,8 +134,16 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
     With --json: one JSON document a line per refresh (each flow with its "rates"),
     for a script that follows it; no live view.
     """
+    import signal
+
     from onceq.status_watch import Rates
 
+    def terminated(*_: object) -> None:
+        raise _Terminated
+
+    # SIGTERM unwinds like Ctrl-C (Live's exit shows the cursor again), then exits 143:
+    # a terminal left with its cursor hidden is the one thing a view must not leave.
+    signal.signal(signal.SIGTERM, terminated)
     rates = Rates()
     try:
         if as_json:
@@ -156,6 +165,12 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
         # Ctrl-C is how a watch ends, not an interruption of work: exit 0. Live's exit
         # (above) has already shown the cursor again and left the last frame.
         return
+    except _Terminated:
+        raise SystemExit(143) from None
+
+
+class _Terminated(BaseException):
+    """SIGTERM during --watch (a BaseException: no `except Exception` swallows it)."""
 
 
 def _watch_json(read: Any, interval: float, rates: Any) -> None:
