@@ -9,6 +9,9 @@ hub starts heartbeats itself, the tests can run `python -m onceq` instead.
 
 ONCEQ_TEST_HEARTBEAT_EVERY: the period (default 1 s, so that a test sees a stale row
 within seconds instead of 15).
+
+Once `onceq.telemetry` starts a Heartbeat itself, nothing is replaced (two heartbeats
+would publish two rows per consumer): the wrapper is then plain `onceq`.
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ class BeatingConsumer(Consumer):
             await hb.aclose()
 
 
+def _wired() -> bool:
+    import inspect
+
+    import onceq.telemetry
+
+    return "Heartbeat(" in inspect.getsource(onceq.telemetry)
+
+
 # onceq.consumer too: the runner imports the name inside its function.
-for name in ("onceq.consumer", "onceq.amqp.consume", "onceq.dirq.run", "onceq.runner"):
+for name in (
+    () if _wired() else ("onceq.consumer", "onceq.amqp.consume", "onceq.dirq.run", "onceq.runner")
+):
     module = importlib.import_module(name)
     if hasattr(module, "Consumer"):
         module.Consumer = BeatingConsumer  # type: ignore[attr-defined]
