@@ -305,3 +305,19 @@ def test_default_flow_file_and_flow_filter(tmp_path: Path) -> None:
 def test_bad_interval_is_usage(tmp_path: Path, args: tuple[str, ...]) -> None:
     got = run_cli("status", "--db", str(tmp_path / "l.db"), "--watch", *args)
     assert got.returncode == 2 and "Traceback" not in got.stderr
+
+
+def test_an_unreachable_ledger(tmp_path: Path) -> None:
+    url = "postgresql://postgres:s3cr3t-pw@127.0.0.1:1/x"
+    got = run_cli("status", "--db", url)
+    assert got.returncode == 8 and len(got.stderr.splitlines()) == 1, got.stderr
+    assert "s3cr3t-pw" not in got.stdout + got.stderr
+    # With a flow file the queues are still shown; the ledger's trouble is its note.
+    f = tmp_path / "flows.toml"
+    f.write_text(f'ledger = "{url}"\n[flows.a]\nsource = "dirq"\npath = "q"\nid_field = "id"\n')
+    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    doc = status_json(str(f))
+    assert doc["ledger"]["error"] and "s3cr3t-pw" not in json.dumps(doc)
+    assert doc["flows"]["a"]["ledger"] is None and doc["flows"]["a"]["queue"]["inbox"] == 0
+    human = run_cli("status", str(f))
+    assert human.returncode == 0 and "cannot read the ledger" in human.stdout

@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from mq_support import claim_doc, partner, wait_for, write_claims
 from support import run_cli
 
@@ -104,7 +102,7 @@ def test_breaker_open_then_stopped_then_stale(tmp_path: Path, ledger_target: str
                 c["pid"] == killed.pid and c["status"] == "stale" and c["stale"]
                 for c in status(f)["consumers"]
             ),
-            15,
+            40,  # 3 missed beats: 3 s here, 15 s at the default period of a wired telemetry
             step=0.3,
         )
         final = status(f)
@@ -113,8 +111,7 @@ def test_breaker_open_then_stopped_then_stale(tmp_path: Path, ledger_target: str
         assert by_pid[killed.pid]["age_s"] > 3 * by_pid[killed.pid]["every_s"]
 
 
-@pytest.mark.parametrize("every", ["1"])
-def test_status_shows_a_running_consumer_in_the_human_view(tmp_path: Path, every: str) -> None:
+def test_status_shows_a_running_consumer_in_the_human_view(tmp_path: Path) -> None:
     with partner(keys=False, args=("--down-for", "600", "--down-as", "refuse")) as p:
         f = flow_file(tmp_path, str(tmp_path / "ledger.db"), p.url)
         proc = start(f)

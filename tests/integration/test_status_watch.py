@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pty
 import re
 import select
 import signal
@@ -33,10 +32,19 @@ class Screen:
     """A child process on a pty, and everything it wrote."""
 
     def __init__(self, argv: list[str], cwd: Path) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: a 160x40 terminal, SIGINT as a terminal gives it
+        # openpty + fork, not pty.fork: the parent keeps the terminal's slave side open,
+        # so what the child writes last (the cursor shown again) is still there to read
+        # after it exited: Linux drops a pty's unread output when its last slave closes.
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        pid = os.fork()
+        if pid == 0:  # the child: the pty as its controlling tty, SIGINT as a tty gives it
             try:
-                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+                os.close(master)
+                os.setsid()
+                fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+                for n in (0, 1, 2):
+                    os.dup2(slave, n)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.chdir(cwd)
                 env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "40"}
@@ -44,9 +52,13 @@ class Screen:
                 os.execve(sys.executable, [sys.executable, *argv], env)
             finally:
                 os._exit(127)
-        self.pid, self.fd = pid, fd
+        self.pid, self.fd, self.slave = pid, master, slave
         self.raw = b""
         self.status: int | None = None
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.slave)
 
     def pump(self, timeout: float = 0.1) -> None:
         ready, _, _ = select.select([self.fd], [], [], timeout)
@@ -127,7 +139,7 @@ def test_watch_refreshes_the_counts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
                 os.waitpid(screen.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-        os.close(screen.fd)
+        screen.close()
     assert code == 0, screen.text()[-2000:]
     # The cursor hidden while live, shown again at the end; the last frame kept (the
     # final table is the last thing on screen, no erase after it).
@@ -136,6 +148,28 @@ def test_watch_refreshes_the_counts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     last = [ln for ln in tail[-12:] if "│ files " in ln]
     assert last and [c.strip() for c in last[-1].strip().strip("│").split("│")][3] == "7", tail
     assert "Traceback" not in screen.text() and "interrupted" not in screen.text()
+
+
+def test_sigterm_restores_the_cursor_and_exits_143(tmp_path: Path) -> None:
+    (tmp_path / "flows.toml").write_text(
+        'ledger = "ledger.db"\n[flows.files]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
+    )
+    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    screen = Screen(["-m", "onceq", "status", "--watch", "--interval", "0.3"], tmp_path)
+    try:
+        screen.wait_row("files", lambda r: r[1].startswith("inbox 0"))
+        os.kill(screen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not (done := os.waitpid(screen.pid, os.WNOHANG))[0]:
+            assert time.monotonic() < deadline
+            screen.pump()
+        for _ in range(20):
+            screen.pump(0.05)
+    finally:
+        screen.close()
+    assert os.waitstatus_to_exitcode(done[1]) == 143
+    assert screen.raw.rfind(SHOW) > screen.raw.rfind(HIDE) >= 0
+    assert "Traceback" not in screen.text()
 
 
 def test_watch_json_is_one_document_a_line_with_rates(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +66,11 @@ def status(
     consumer silent for 3 heartbeats is stale). Without FILE and ./flows.toml,
     --db names a ledger and every flow in it is shown, ledger counts only. The
     ledger is opened read-only and never created. A flow whose queue cannot be
-    read shows why, as does a ledger that cannot be read. Exit 0 (a view was
-    shown); 2 a bad flow file (every mistake, one line each); 3 no flow file (and
-    no --db); 8 a --db view whose ledger cannot be read.
+    read shows why, as does a ledger that cannot be read. --watch redraws every
+    --interval s with rates over the last minute until Ctrl-C. Exit 0 (a view was
+    shown, or Ctrl-C ended the watch; SIGTERM 143); 2 a bad flow file (every
+    mistake, one line each); 3 no flow file (and no --db); 8 a --db view whose
+    ledger cannot be read.
 
     \b
     Example:
@@ -128,47 +129,72 @@ def _flows_and_ledger(
 
 
 def _watch(read: Any, interval: float, as_json: bool) -> None:
-    """Refresh until Ctrl-C; the last frame stays on screen, the cursor is restored.
+    """Refresh until Ctrl-C (exit 0) or SIGTERM (exit 143); the last frame stays on
+    screen and the cursor is shown again.
 
-    With --json: one JSON document a line per refresh (each flow with its "rates"),
-    for a script that follows it; no live view.
+    The signals only ask: the loop ends between two frames and leaves the Live view
+    the normal way. An exception raised in the middle of a frame being written could
+    leave half a frame and the cursor hidden; a second Ctrl-C, for someone who will not
+    wait for a slow read, interrupts at once. With --json: one JSON document a line per
+    refresh (each flow with its "rates"), for a script that follows it; no live view.
     """
+    import signal
+    import threading
+
     from onceq.status_watch import Rates
 
+    stop = threading.Event()
+    code = 0
+
+    def asked(signum: int, _frame: object) -> None:
+        nonlocal code
+        if stop.is_set():
+            raise KeyboardInterrupt
+        code = 143 if signum == signal.SIGTERM else 0
+        stop.set()
+
+    signal.signal(signal.SIGTERM, asked)
+    # SIGINT ignored (a background job, nohup) stays ignored: only Python's own default
+    # handler, the one a terminal's Ctrl-C meets, is replaced.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, asked)
     rates = Rates()
     try:
         if as_json:
-            _watch_json(read, interval, rates)
-            return
-        from rich.live import Live
-
-        from onceq.cli.output import console
-
-        doc = read()
-        with Live(
-            _view(doc, rates.add(doc)), console=console(), auto_refresh=False, transient=False
-        ) as live:
-            while True:
-                time.sleep(interval)
-                doc = read()
-                live.update(_view(doc, rates.add(doc)), refresh=True)
+            _watch_json(read, interval, rates, stop)
+        else:
+            _watch_live(read, interval, rates, stop)
     except KeyboardInterrupt:
-        # Ctrl-C is how a watch ends, not an interruption of work: exit 0. Live's exit
-        # (above) has already shown the cursor again and left the last frame.
-        return
+        pass  # the second Ctrl-C; Live's exit has shown the cursor again
+    if code:
+        raise SystemExit(code)
 
 
-def _watch_json(read: Any, interval: float, rates: Any) -> None:
+def _watch_live(read: Any, interval: float, rates: Any, stop: Any) -> None:
+    from rich.live import Live
+
+    from onceq.cli.output import console
+
+    doc = read()
+    with Live(
+        _view(doc, rates.add(doc)), console=console(), auto_refresh=False, transient=False
+    ) as live:
+        while not stop.wait(interval):
+            doc = read()
+            live.update(_view(doc, rates.add(doc)), refresh=True)
+
+
+def _watch_json(read: Any, interval: float, rates: Any, stop: Any) -> None:
     import json
     import sys
 
-    while True:
+    while not stop.is_set():
         doc = read()
         for name, r in rates.add(doc).items():
             doc["flows"][name]["rates"] = r
         sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
         sys.stdout.flush()
-        time.sleep(interval)
+        stop.wait(interval)
 
 
 def _num(n: Any) -> str:
