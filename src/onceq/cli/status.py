@@ -79,12 +79,12 @@ def status(
       onceq status --db ./q/ledger.db       # every flow of a ledger
       onceq status flows.toml --watch --interval 5
     """
-    from onceq.amqp.url import setup_logging
+    from onceq.logs import setup as setup_logs
     from onceq.status import gather
 
     # One masked stderr handler, aiormq's connection tracebacks quiet: a broker that is
     # down is the flow's queue_error in the view, said once, not a log line per try.
-    setup_logging()
+    setup_logs()
     flows, target = _flows_and_ledger(file, names, db)
     only = names if flows is None else ()
 
