@@ -94,6 +94,9 @@ class Scrape:
     def failures(self, flow: str) -> dict[str, float]:
         return self.by("onceq_failures_total", "reason", flow=flow)
 
+    def dead(self, flow: str) -> dict[str, float]:
+        return self.by("onceq_dead_total", "reason", flow=flow)
+
     def settled(self, flow: str) -> float:
         return sum(self.messages(flow).values())
 

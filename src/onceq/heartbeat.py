@@ -176,7 +176,12 @@ class Heartbeat:
         self._closing = True
         assert self._wake is not None and self._pool is not None
         self._wake.set()
-        with contextlib.suppress(asyncio.CancelledError):
+        # The beat under way is waited for at most FINAL_WAIT as well: on a partitioned
+        # PostgreSQL it could hang for a connect timeout and keepalives, holding the stop.
+        done, _ = await asyncio.wait([self._task], timeout=FINAL_WAIT)
+        if not done:
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         try:
             await asyncio.wait_for(self._publish(self._snapshot("stopped")), FINAL_WAIT)

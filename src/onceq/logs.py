@@ -107,6 +107,9 @@ EVENTS: dict[str, str] = {
     "heartbeat-failed": "the consumer's state could not be written to the ledger: retried",
     "heartbeat-back": "the consumer's state is written to the ledger again",
     "heartbeat-final-slow": "the final 'stopped' row took too long at the end of a run",
+    "telemetry-close-failed": (
+        "closing the metrics server or the heartbeat failed: the run's result holds"
+    ),
     # the CLI's own lines, and lines of other libraries
     "error": "the command failed (the one line it exits with)",
     "new-ledger": "this run made a new ledger: it has seen no message before",

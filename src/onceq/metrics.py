@@ -120,6 +120,14 @@ class Snapshot:
     problem: str | None = None  # why it is not healthy (None: healthy)
 
 
+# A consumer whose run is over (healthy: see FlowMetrics.total).
+DONE = "done"
+
+
+def healthy(problem: str | None) -> bool:
+    return problem is None or problem == DONE
+
+
 @dataclass
 class FlowMetrics:
     """One flow's sources of numbers: its consumers' snapshots and its queue reader."""
@@ -149,7 +157,13 @@ class FlowMetrics:
             # Several consumers of one flow: the worst state shows (one open breaker
             # means the partner is failing someone).
             total.breaker = max(states, key=lambda st: (st != CLOSED, st == OPEN))
-        total.problem = problems[0] if problems else None
+        # A consumer whose run ended normally (a drained --until-empty flow, a finished
+        # --workers child) is no problem while the others work: one flow done must not
+        # make a liveness probe kill a batch whose other flows are still running.
+        real = [p for p in problems if p != DONE]
+        total.problem = real[0] if real else None
+        if self.snapshots and len(problems) == len(self.snapshots) and not real:
+            total.problem = DONE
         if not self.snapshots:
             total.problem = "starting"  # expected, its consumer not up yet
         return total
@@ -229,6 +243,13 @@ class OnceqCollector(Collector):
             "Age of the oldest message waiting in inbox/ (0 when empty).",
             labels=["flow"],
         )
+        # Dead letters alone by reason: onceq_failures_total also counts the attempts
+        # that were retried, so it cannot say how many messages died of what.
+        dead = CounterMetricFamily(
+            "onceq_dead",
+            "Messages dead-lettered, by the reason of their last failure.",
+            labels=["flow", "reason"],
+        )
         up = GaugeMetricFamily(
             "onceq_flow_up", "1 while the flow is healthy (the /healthz rule).", labels=["flow"]
         )
@@ -250,14 +271,16 @@ class OnceqCollector(Collector):
                 b_open.add_metric([name], 0 if t.breaker == CLOSED else 1)
                 for st in BREAKER_STATES:
                     b_state.add_metric([name, st], 1 if st == t.breaker else 0)
-            up.add_metric([name], 1 if t.problem is None else 0)
+            for reason, n in sorted(t.stats.reasons.items()):
+                dead.add_metric([name, reason], n)
+            up.add_metric([name], 1 if healthy(t.problem) else 0)
             if fm.queue is not None:
                 for state, n in fm.queue.messages().items():
                     queue.add_metric([name, state], n)
                 age = fm.queue.oldest_age()
                 if age is not None:
                     oldest.add_metric([name], age)
-        yield from (msgs, fails, in_flight, durations, b_open, b_state, queue, oldest, up)
+        yield from (msgs, fails, dead, in_flight, durations, b_open, b_state, queue, oldest, up)
 
 
 def new_registry(flows: Callable[[], Iterable[FlowMetrics]]) -> CollectorRegistry:

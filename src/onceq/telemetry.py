@@ -151,12 +151,22 @@ class Telemetry:
             for t in self._tasks:
                 t.cancel()
             self._tasks.clear()
-        if self._server is not None:
-            server, self._server = self._server, None
-            await server.aclose()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        try:
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.aclose()
+        except Exception as exc:
+            # An observer's failure at the end must not replace the run's own result
+            # (an --until-empty batch that finished would exit non-zero).
+            log.warning(
+                "closing the metrics server failed: %s",
+                exc,
+                extra={"event": "telemetry-close-failed"},
+            )
+        finally:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz's answer: (healthy, body)."""
@@ -164,8 +174,10 @@ class Telemetry:
             return False, {"status": "stopping"}
         if not self.flows:
             return False, {"status": "starting", "flows": {}}
+        from onceq.metrics import healthy
+
         flows = {name: fm.total().problem for name, fm in self.flows.items()}
-        ok = all(p is None for p in flows.values())
+        ok = all(healthy(p) for p in flows.values())
         return ok, {
             "status": "ok" if ok else "unavailable",
             "flows": {n: p or "ok" for n, p in flows.items()},
@@ -220,7 +232,14 @@ class Telemetry:
                     await reporter
                 self._report(watch)  # the final counts, before the child's result
             if heartbeat is not None:
-                await heartbeat.aclose()
+                try:
+                    await heartbeat.aclose()
+                except Exception as exc:  # the run's result stands, whatever its observer did
+                    log.warning(
+                        "closing the heartbeat failed: %s",
+                        exc,
+                        extra={"event": "telemetry-close-failed"},
+                    )
 
     def flow_context(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """h3's log context (every record names the flow), or nothing where it is missing."""
@@ -329,7 +348,9 @@ class _Live:
         """Why this consumer is not healthy, or None."""
         c = self.consumer
         if self.ended:
-            return "stopped"
+            from onceq.metrics import DONE
+
+            return DONE
         if c.stopping:
             return "stopping"
         if self.kind == "rabbitmq" and not self.transport.connected:
@@ -394,7 +415,10 @@ def _chain(
     first: Callable[[Sequence[Any]], None] | None, flow: str, log_group: Callable[..., None]
 ) -> Callable[[Sequence[Any]], None]:
     def settled(group: Sequence[Any]) -> None:
-        log_group(flow, group)
+        # Runs in the committer, after the settle: a log line that fails (a closed
+        # stderr, a handler's bug) must not end the run — the committer's errors do.
+        with contextlib.suppress(Exception):
+            log_group(flow, group)
         if first is not None:
             first(group)
 

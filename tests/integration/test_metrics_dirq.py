@@ -96,6 +96,9 @@ def test_onceq_run_counts_equal_its_summary_during_and_after(tmp_path: Path) -> 
     assert after.failures("invoices") == expected_failures(summary)
     # The figures themselves, so that a summary and a scrape wrong alike still fail.
     assert after.failures("invoices") == {"http-422": 2, "http-503": 2, "parse": 1}
+    # Dead by reason, apart from the retried attempts: the summary's own reasons.
+    assert after.dead("invoices") == summary["reasons"]
+    assert after.dead("invoices") == {"http-422": 2, "http-503": 1, "parse": 1}
     assert after.messages("invoices")["processed"] == 5
     assert after.messages("invoices")["duplicate"] == 1
     assert after.messages("invoices")["retried"] == 1

@@ -87,6 +87,8 @@ def test_counts_during_and_after_equal_the_summary(amqp_url: str, tmp_path: Path
     assert after.messages("claims") == expected_messages(summary)
     assert after.failures("claims") == expected_failures(summary)
     assert after.failures("claims") == {"http-422": 2, "http-503": 2}
+    # Dead by reason, apart from the retried attempts: the summary's own reasons.
+    assert after.dead("claims") == summary["reasons"] == {"http-422": 2, "http-503": 1}
     assert after.messages("claims")["processed"] == 6
     assert after.messages("claims")["duplicate"] == 1
     assert after.value("onceq_in_flight", flow="claims") == 0
