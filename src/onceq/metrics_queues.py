@@ -1,11 +1,11 @@
 """How deep a flow's queue is, for /metrics: read in the background, served from a cache.
 
 A scrape never touches the queue: each reader refreshes every `EVERY_S` seconds on its
-own and a scrape reads the last figures. A directory queue is counted in a thread
-(a scandir of a large inbox/ may take a while and must never stall the event loop
-that runs the consumer); a RabbitMQ queue is read by `onceq.amqp.depths.DepthCache`
-on its own connection (passive declares, and the management API for unacked), never
-one broker request per scrape.
+own and a scrape reads the last figures. A directory queue is counted in a process of
+its own (`onceq.metrics_scanner`: a scandir of a large inbox/ may take a while and must
+neither stall the event loop that runs the consumer nor hold its GIL); a RabbitMQ
+queue is read by `onceq.amqp.depths.DepthCache` on its own connection (passive
+declares, and the management API for unacked), never one broker request per scrape.
 
 States (the `state` label of onceq_queue_messages):
 - directory queue: inbox, processing (every worker's claims), retry, error — the
@@ -97,11 +97,39 @@ class DirScan:
         self._counts = {"inbox": len(mtimes), **counts}
         self._oldest_mtime = min(mtimes.values()) if mtimes else None
 
+    @property
+    def oldest_mtime(self) -> float | None:
+        return self._oldest_mtime
+
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await asyncio.to_thread(self.scan)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every)
+        """Scan every `every` s until `stop`: in a child process (onceq.metrics_scanner:
+        a scan in a thread holds the consumer's GIL), in a thread if the child fails."""
+        from onceq.metrics_scanner import Scanner
+
+        child: Scanner | None = Scanner(self.root)
+        try:
+            try:
+                await child.start()  # type: ignore[union-attr]
+            except OSError:
+                child = None
+            while not stop.is_set():
+                if child is not None:
+                    try:
+                        counts, oldest, error = await child.scan()
+                    except (OSError, ValueError):
+                        await child.aclose()
+                        child = None  # gone: the thread from now on
+                        continue
+                    self.error = error
+                    if error is None:
+                        self._counts, self._oldest_mtime = counts, oldest
+                else:
+                    await asyncio.to_thread(self.scan)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.every)
+        finally:
+            if child is not None:
+                await child.aclose()
 
 
 class RabbitDepths:
