@@ -106,6 +106,7 @@ EVENTS: dict[str, str] = {
     # the consumer's published state (onceq.heartbeat, read by onceq status)
     "heartbeat-failed": "the consumer's state could not be written to the ledger: retried",
     "heartbeat-back": "the consumer's state is written to the ledger again",
+    "ledger-table-missing": "the ledger lacks an optional table its role may not create",
     "heartbeat-final-slow": "the final 'stopped' row took too long at the end of a run",
     "telemetry-close-failed": (
         "closing the metrics server or the heartbeat failed: the run's result holds"

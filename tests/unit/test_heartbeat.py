@@ -290,3 +290,40 @@ def test_the_writer_thread_never_runs_on_the_loop(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert threads and all(n.startswith("onceq-heartbeat") for n in threads), threads
+
+
+def test_a_role_that_may_not_create_the_table_still_opens_the_ledger(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ledger made by its owner, used by a consumer role without CREATE on schema
+    onceq: the missing consumers table is a warning, never a ledger that will not open."""
+    import uuid
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    open_ledger(pg_url, flow="inv").close()
+    role = f"onceq_ro_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE onceq.consumers")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA onceq TO {role}")
+        conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA onceq TO {role}"
+        )
+        conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA onceq TO {role}")
+    try:
+        params = conninfo_to_dict(pg_url)
+        params["user"] = role
+        as_role = "postgresql://{user}@{host}:{port}/{dbname}".format(**params)
+        with caplog.at_level(logging.WARNING, logger="onceq.ledger"):
+            open_ledger(as_role, flow="inv").close()
+        assert any(getattr(r, "event", None) == "ledger-table-missing" for r in caplog.records), (
+            caplog.text
+        )
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            got = conn.execute("SELECT to_regclass('onceq.consumers')").fetchone()
+        assert got == (None,)  # not made, and nothing else refused
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

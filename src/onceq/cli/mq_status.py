@@ -67,7 +67,7 @@ def status(
     Example:
       onceq mq status --json
       onceq mq status --queue invoice.in --retry-delays 1m,10m
-      onceq mq status --management-url http://monitor:secret@mq1:15672
+      EAI_RABBITMQ_API=http://monitor:secret@mq1:15672 onceq mq status
     """
     import asyncio
 

@@ -28,7 +28,8 @@ DEFAULT_FILE = "flows.toml"
     " flow this ledger holds, ledger counts only. With FILE: instead of the file's ledger."
 )
 @click.option(
-    "--management-api",
+    "--management-url",
+    "management_api",
     metavar="URL|off",
     help="RabbitMQ management API for unacked counts (default: EAI_RABBITMQ_API, else"
     " http://BROKER-HOST:15672 with the AMQP URL's login; off: none).",

@@ -15,6 +15,7 @@ break them silently.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -22,6 +23,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from onceq.errors import LedgerError, LedgerUnavailable, NotFound
 from onceq.redact import redact_text
+
+log = logging.getLogger("onceq.ledger")
 
 VERSION = 1
 SCHEMA_NAME = "onceq"
@@ -270,7 +273,20 @@ def _add_tables(conn: psycopg.Connection[Any]) -> None:
     }
     for name, ddl in ADDITIVE.items():
         if name not in have:
-            conn.execute(ddl)  # type: ignore[arg-type]
+            # A savepoint each: a runtime role without CREATE on schema onceq (a ledger
+            # made by an owner role, then used by a consumer role) still opens the
+            # ledger. The table holds no rule of the ledger, only the consumers'
+            # published state, so it is missed, not required.
+            try:
+                with conn.transaction():
+                    conn.execute(ddl)  # type: ignore[arg-type]
+            except psycopg.errors.InsufficientPrivilege:
+                log.warning(
+                    "ledger table onceq.%s is missing and this role may not create it:"
+                    " onceq status will not show this consumer (create it as the owner)",
+                    name,
+                    extra={"event": "ledger-table-missing"},
+                )
 
 
 def _check_tables(conn: psycopg.Connection[Any], where: str) -> None:
