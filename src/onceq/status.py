@@ -31,7 +31,6 @@ the ledger is opened read-only (`onceq.status_ledger`) and never created.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -44,7 +43,6 @@ from onceq.status_ledger import LedgerView, empty_counts
 
 __all__ = ["BROKER_TIMEOUT", "dirq_depths", "gather", "gather_async"]
 
-DIRQ_STATES = ("inbox", "processing", "retry", "error")
 BROKER_TIMEOUT = 10.0  # s per flow: a broker that does not answer is a reason, not a hang
 
 
@@ -150,28 +148,20 @@ async def _queue(
 
 def dirq_depths(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
     """inbox / processing / retry / error counts (as `dirq lag`) and the age in seconds
-    of the oldest inbox file (None when the inbox is empty); NotFound for no queue."""
-    from onceq.dirq.files import is_message_name
-    from onceq.dirq.queue import DirQueue
+    of the oldest inbox file (None when the inbox is empty); NotFound for no queue.
 
-    q = DirQueue(root)
-    counts = q.counts(DIRQ_STATES)
-    oldest: float | None = None
-    try:
-        with os.scandir(q.folder("inbox")) as it:
-            for e in it:
-                if not is_message_name(e.name):
-                    continue
-                try:
-                    m = e.stat(follow_symlinks=False).st_mtime
-                except FileNotFoundError:  # claimed meanwhile
-                    continue
-                oldest = m if oldest is None else min(oldest, m)
-    except FileNotFoundError:
-        pass
+    The same one scan /metrics makes (`onceq.metrics_queues.DirScan`)."""
+    from onceq.errors import NotFound
+    from onceq.metrics_queues import DirScan
+
+    scan = DirScan(root)
+    scan.scan()
+    if scan.error is not None:
+        raise NotFound(scan.error)
+    oldest = scan.oldest_mtime
     stamp = now.timestamp() if now is not None else time.time()
     age = None if oldest is None else round(max(0.0, stamp - oldest), 3)
-    return {"kind": "dirq", "path": str(q.root), **counts, "oldest_age_s": age}
+    return {"kind": "dirq", "path": str(Path(root)), **scan.messages(), "oldest_age_s": age}
 
 
 async def _rabbit_depths(flow: Any, api: str | None) -> dict[str, Any]:

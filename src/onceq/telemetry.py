@@ -197,9 +197,9 @@ class Telemetry:
     @contextlib.asynccontextmanager
     async def track(self, flow: Any, consumer: Any, transport: Any) -> AsyncIterator[None]:
         """Watch one flow's consumer while inside (metrics, health, published state)."""
-        log_group = _logs_hook("log_group")
-        if log_group is not None:
-            consumer.on_settled = _chain(consumer.on_settled, flow.name, log_group)
+        from onceq.logs import log_group
+
+        consumer.on_settled = _chain(consumer.on_settled, flow.name, log_group)
         watch = _Live(flow, consumer, transport)
         reporter = None
         if self.watching:
@@ -242,9 +242,10 @@ class Telemetry:
                     )
 
     def flow_context(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """h3's log context (every record names the flow), or nothing where it is missing."""
-        ctx = _logs_hook("flow_context")
-        return ctx(name) if ctx is not None else contextlib.nullcontext()
+        """The log context of one flow: every record logged inside names it."""
+        from onceq.logs import flow_context
+
+        return flow_context(name)
 
     def _start_reader(self, reader: Any) -> None:
         if self._halt is None:  # not serving yet: started with the server
@@ -370,16 +371,6 @@ class _Live:
             c.stats, c.in_flight, b.state if b else None, c.effect_timer, self.problem()
         )
 
-    def state(self) -> dict[str, Any]:
-        """What h4's heartbeat publishes for this consumer."""
-        b = self.consumer.breaker
-        return {
-            "breaker": b.state if b else None,
-            "in_flight": self.consumer.in_flight,
-            "connected": self.problem() in (None, "stopping"),
-            "stopping": self.consumer.stopping,
-        }
-
 
 async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
     """One Heartbeat for this consumer on its own ledger (None for a ledger of a kind
@@ -402,13 +393,6 @@ def _folder_snapshot(root: Path) -> Snapshot:
 
     ok = (root / "inbox").is_dir()
     return Snapshot(Stats(), problem=None if ok else f"queue folder {root} is gone")
-
-
-def _logs_hook(name: str) -> Any:
-    """h3's onceq.logs function `name`, or None in a build without it."""
-    from onceq import logs
-
-    return getattr(logs, name, None)
 
 
 def _chain(
