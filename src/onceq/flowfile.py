@@ -118,7 +118,7 @@ def _expand(value: Any, key: str, m: Mistakes) -> Any:
         def one(match: re.Match[str]) -> str:
             name = match[1]
             if name not in os.environ:
-                m.add(key, f"environment variable {name} is not set")
+                m.add_unset(key, name)
                 return ""
             return os.environ[name]
 

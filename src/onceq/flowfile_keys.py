@@ -69,6 +69,10 @@ class Mistakes:
         self.path = path
         self.lines = text.splitlines()
         self._found: list[tuple[int, str]] = []
+        # Keys whose value named an unset ${NAME}: that is their one mistake. The value
+        # left behind (the empty string in its place) is nobody's to check again, or a
+        # user would read `url: : not an amqp:// URL` under the line that says why.
+        self.unset: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._found)
@@ -79,6 +83,16 @@ class Mistakes:
         return [text for _, text in sorted(self._found, key=lambda x: x[0])]
 
     def add(self, key: str, why: str) -> None:
+        if key in self.unset:
+            return
+        self._add(key, why)
+
+    def add_unset(self, key: str, name: str) -> None:
+        """`${name}` in `key` is not set: one line, and no later check of that key."""
+        self._add(key, f"environment variable {name} is not set")
+        self.unset.add(key)
+
+    def _add(self, key: str, why: str) -> None:
         line = self.line_of(key)
         where = f"line {line}: " if line else ""
         self._found.append((line or 1 << 30, f"{self.path}: {where}{key}: {why}"))
@@ -132,6 +146,8 @@ def get(
     *,
     required: bool = False,
 ) -> Any:
+    if f"{where}.{key}" in m.unset:  # already refused: neither missing nor checked
+        return default
     if key not in t:
         if required:
             m.add(f"{where}.{key}", "missing: it is required")
