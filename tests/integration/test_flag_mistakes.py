@@ -57,8 +57,8 @@ def test_mq_consume_without_claim_or_url_points_to_help() -> None:
     r = run_cli("mq", "consume")
     assert r.returncode == 2
     assert r.stderr == (
-        "onceq: onceq mq consume: give --claim URL (the claims preset) or --url URL"
-        " (your own flow) (see --help)\n"
+        "onceq: mq consume: give --claim URL (the claims preset) or --url URL"
+        " (your own flow) (see onceq mq consume --help)\n"
     )
 
 

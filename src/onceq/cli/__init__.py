@@ -73,10 +73,7 @@ def _main(argv: list[str] | None) -> None:
         sys.stderr.write("onceq: interrupted\n")
         sys.exit(130)
     except click.UsageError as exc:
-        # One line, like every other refusal: the command, the problem, where to look.
-        where = exc.ctx.command_path if exc.ctx is not None else "onceq"
-        message = redact_text(exc.format_message())  # click may quote a URL argument
-        sys.stderr.write(f"onceq: {where}: {message} (see --help)\n")
+        sys.stderr.write(_usage_line(exc))
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
@@ -90,3 +87,16 @@ def _main(argv: list[str] | None) -> None:
         sys.stderr.write("onceq: interrupted\n")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """One line, like every other refusal: `onceq: SUBCOMMAND: problem (see … --help)`.
+
+    click's command path starts with the program's own name (`onceq mq`), which the
+    `onceq: ` every error line starts with already says: it is written once.
+    """
+    path = exc.ctx.command_path if exc.ctx is not None else "onceq"
+    sub = path.partition(" ")[2]
+    message = redact_text(exc.format_message())  # click may quote a URL argument
+    where = f"{sub}: " if sub else ""
+    return f"onceq: {where}{message} (see {path} --help)\n"

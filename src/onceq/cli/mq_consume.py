@@ -209,8 +209,8 @@ def _consume_flow(
         return flow.validate()
     if not flags.get("http_url"):
         raise UsageError(
-            "onceq mq consume: give --claim URL (the claims preset) or --url URL (your own"
-            " flow) (see --help)"
+            "mq consume: give --claim URL (the claims preset) or --url URL (your own"
+            " flow) (see onceq mq consume --help)"
         )
     from onceq.amqp.topology import QUEUE
 
