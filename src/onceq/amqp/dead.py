@@ -1,6 +1,7 @@
 """A RabbitMQ flow's dead letters: list them in place, replay them, purge them.
 
     onceq mq dead list    → browse(...)  → DeadReport   nothing is removed
+    onceq mq dead show    → browse(..., bodies=True)    the same, bodies kept
     onceq mq dead replay  → replay(...)  → DeadReport   ledger reset, publish + confirm, ack
     onceq mq dead purge   → purge(...)   → DeadReport   ledger audit, ack
 
@@ -41,6 +42,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from onceq.amqp.dead_body import NewBody
 from onceq.amqp.dead_letter import (
     DeadLetter,
     DeadReport,
@@ -225,8 +227,10 @@ async def browse(
     *,
     id_field: str | None = None,
     limit: int | None = None,
+    bodies: bool = False,
 ) -> DeadReport:
-    """The dead letters `selection` matches (at most `limit`), all left in the queue."""
+    """The dead letters `selection` matches (at most `limit`), all left in the queue;
+    with `bodies`, each with its body (`show`), else its size only."""
     report = DeadReport("list", topology, selection)
     async with DeadQueue(url, topology) as dq:
         report.total = dq.total
@@ -234,7 +238,8 @@ async def browse(
             report.seen += len(batch)
             for letter in batch:
                 if selection.matches(letter):
-                    letter.body = b""  # only its size is shown
+                    if not bodies:
+                        letter.body = b""  # only its size is shown
                     report.matched.append(letter)
                     if limit is not None and len(report.matched) >= limit:
                         return report
@@ -250,9 +255,15 @@ async def replay(
     id_field: str | None = None,
     dry_run: bool = False,
     rate: float | None = None,
+    body: NewBody | None = None,
 ) -> DeadReport:
-    """Move the selected dead letters back to the work exchange (see the module doc)."""
-    report = DeadReport("replay", topology, selection, dry_run=dry_run)
+    """Move the selected dead letters back to the work exchange (see the module doc).
+
+    `body` (`--body FILE`, one --id, checked by onceq.amqp.dead_body before this is
+    called): each copy carries it instead of the dead letter's body — the same steps,
+    the same order; the dead letter is acked only once its corrected copy is confirmed.
+    """
+    report = DeadReport("replay", topology, selection, dry_run=dry_run, body=body)
     started = time.monotonic()
     # Paced and batched alike: one ledger transaction covers about a second of copies.
     size = BATCH if rate is None else max(1, min(BATCH, int(rate)))
@@ -290,12 +301,15 @@ async def _replay_some(
     if not ok:
         return
     if report.op is None:
-        report.op = ledger.start_op(
-            TRANSPORT, "replay", report.selection.as_dict(), t.dead_letter_queue
-        )
+        what = report.selection.as_dict()
+        if report.body is not None:  # the audit says the body was replaced, and by what
+            what["body"] = report.body.as_dict()
+        report.op = ledger.start_op(TRANSPORT, "replay", what, t.dead_letter_queue)
     ledger.record_replays(report.op, [(x.ref(t.queue, t.dead_letter_queue), x.msg_id) for x in ok])
 
     async def one(letter: DeadLetter) -> None:
+        if report.body is not None:
+            letter.body = report.body.data
         await dq.publish(letter)
         await dq.ack(letter)  # only after the confirm: never lost, at worst twice
         report.done.append(letter)

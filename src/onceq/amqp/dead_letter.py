@@ -306,6 +306,7 @@ class DeadReport:
     op: int | None = None  # the ledger's dead_ops id
     seconds: float = 0.0
     declined: bool = False  # purge: the operator said no
+    body: Any = None  # replay --body: the NewBody each copy carries (onceq.amqp.dead_body)
 
     @property
     def missing(self) -> list[str]:
@@ -343,6 +344,7 @@ class DeadReport:
         )
         if self.command == "replay":
             out["exchange"], out["routing_key"] = t.exchange, t.routing_key
+            out["body"] = None if self.body is None else self.body.as_dict()
         else:
             out["declined"] = self.declined
         return out

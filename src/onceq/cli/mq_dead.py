@@ -1,4 +1,5 @@
-"""`onceq mq dead list|replay|purge`: a flow's dead letters, listed, replayed, purged.
+"""`onceq mq dead list|show|replay|purge`: a flow's dead letters, listed, shown,
+replayed (one with a corrected body), purged.
 
 The CLI parses and reports; onceq.amqp.dead decides (order of the steps, what is
 recorded when).
@@ -17,7 +18,8 @@ import click
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.mq_consume import cli_url
-from onceq.cli.output import console, emit_json
+from onceq.cli.mq_dead_output import print_body, print_change, print_list
+from onceq.cli.output import emit_json
 from onceq.errors import NotFound, UsageError
 from onceq.ledger_target import Target as LedgerTarget
 
@@ -181,7 +183,8 @@ def _run(coro: Any) -> Any:
 
 @click.group()
 def dead() -> None:
-    """A flow's dead letters: list them in place, replay them, purge them.
+    """A flow's dead letters: list them in place, show one's body, replay them (one
+    with a corrected body), purge them.
 
     The flow is the claims preset (claim.dead) unless --queue Q (its STEM.dead) or
     --flows FILE --flow NAME says otherwise; the ledger is --db, EAI_MQ_DB or
@@ -191,6 +194,7 @@ def dead() -> None:
     \b
     Example:
       onceq mq dead list
+      onceq mq dead show 7f3c1a52-0007-4a8e-9c11-5b2d7e0c0007
       onceq mq dead replay --reason http-503 --dry-run
       onceq mq dead purge --reason http-422 --yes
     """
@@ -236,49 +240,7 @@ def list_(reason: str | None, since: str | None, limit: int | None, **values: An
     if as_json:
         emit_json(report.as_dict())
         return
-    _print_list(report)
-
-
-def _print_list(report: Any) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from onceq.ledger_values import text
-
-    out = console()
-    if report.matched:
-        table = Table()
-        for col in ("#", "message_id", "reason", "attempts", "dead at", "x-death", "size"):
-            table.add_column(col, justify="right" if col in ("#", "attempts", "size") else "left")
-        for x in report.matched:
-            when = x.dead_at
-            deaths = (
-                "; ".join(
-                    f"{d.queue} {d.reason} ×{d.count}"
-                    + (f" {d.time.isoformat(timespec='seconds')}" if d.time else "")
-                    for d in x.deaths
-                )
-                or "-"
-            )
-            cells = (
-                str(x.position),
-                text(x.msg_id) if x.msg_id is not None else "-",
-                x.reason,
-                "-" if x.attempts is None else str(x.attempts),
-                when.isoformat(timespec="seconds") if when else "-",
-                deaths,
-                str(x.size),
-            )
-            # Text, not markup: an id or a reason is printed as it is, brackets and all.
-            table.add_row(*(Text(c) for c in cells))
-        out.print(table)
-    q = report.topology.dead_letter_queue
-    what = report.selection.describe()
-    out.print(
-        f"{len(report.matched)} of {report.total} dead letter(s) in {q} shown"
-        f"{'' if what == 'all' else f' ({what})'}; nothing removed",
-        markup=False,
-    )
+    print_list(report)
 
 
 @dead.command()
@@ -290,8 +252,16 @@ def _print_list(report: Any) -> None:
     metavar="N",
     help="Publish at most N messages per second (default: as fast as confirmed).",
 )
+@click.option(
+    "--body",
+    "body_file",
+    metavar="FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="With one --id: the copy carries FILE (the corrected body) instead of the dead"
+    " letter's; FILE's id field must hold ID.",
+)
 @target_options
-def replay(dry_run: bool, rate: float | None, **values: Any) -> None:
+def replay(dry_run: bool, rate: float | None, body_file: Path | None, **values: Any) -> None:
     """Move dead letters back to the work exchange, their attempts reset.
 
     For each selected dead letter: the ledger records the replay first (its earlier
@@ -302,17 +272,31 @@ def replay(dry_run: bool, rate: float | None, **values: Any) -> None:
     processed is acked by the consumer as a duplicate). The others stay where they
     are. Exactly one of --all, --id, --reason; a refusal changes nothing.
 
+    --body FILE repairs a message: with exactly one --id ID, the copy carries FILE
+    instead of the dead letter's body (its properties kept), the same steps in the
+    same order. FILE must be a JSON object whose id field holds ID (exit 5
+    otherwise, 3 when FILE or the dead letter is missing); `onceq mq dead show ID >
+    FILE` writes the body to start from.
+
     \b
     Example:
       onceq mq dead replay --reason http-503 --dry-run
       onceq mq dead replay --id 7f3c1a52-0008-4a8e-9c11-5b2d7e0c0008 --rate 50
       onceq mq dead replay --all --queue invoice.in --db invoices.db --json
+      onceq mq dead replay --id INV-5 --body inv-5.json --queue invoice.in --db invoices.db
     """
     from onceq.amqp.dead import replay as do_replay
+    from onceq.amqp.dead_body import load_body
 
     as_json = values.pop("as_json")
     selection = selection_for_change(values)
+    if body_file is not None and len(selection.ids) != 1:
+        raise UsageError(
+            "--body FILE replaces one message's body: give exactly one --id ID with it"
+        )
     target = resolve(values)
+    # Checked before the broker or the ledger is asked: a refused body changes nothing.
+    new_body = None if body_file is None else load_body(body_file, target.id_field, *selection.ids)
     with open_ledger(target) as ledger:
         report = _run(
             do_replay(
@@ -323,9 +307,52 @@ def replay(dry_run: bool, rate: float | None, **values: Any) -> None:
                 id_field=target.id_field,
                 dry_run=dry_run,
                 rate=rate,
+                body=new_body,
             )
         )
-    _print_change(report, as_json)
+    if new_body is not None and not report.matched:
+        raise NotFound(
+            f"{target.topology.dead_letter_queue}: no dead letter with message_id"
+            f" {selection.ids[0]!r}; nothing replayed"
+        )
+    print_change(report, as_json)
+
+
+@dead.command()
+@click.argument("msg_id", metavar="ID")
+@target_options
+def show(msg_id: str, **values: Any) -> None:
+    """Write the body of the dead letter ID to stdout, as it is; leave it in place.
+
+    The first step of a repair: `onceq mq dead show ID > FILE`, correct FILE, then
+    `onceq mq dead replay --id ID --body FILE`. A byte that is not UTF-8 is written
+    as \\xNN (and said on stderr); when several dead letters have that id, the one
+    nearest the head is shown (their number on stderr). --json: the letter as
+    `list --json` shows it, with "body", "utf8" and "same_id" (how many have ID).
+    Exit 3 when no dead letter has that id.
+
+    \b
+    Example:
+      onceq mq dead show 7f3c1a52-0007-4a8e-9c11-5b2d7e0c0007 > claim-7.json
+      onceq mq dead show INV-5 --queue invoice.in --db invoices.db --json
+    """
+    from onceq.amqp.dead import browse
+    from onceq.amqp.dead_letter import Selection
+
+    as_json = values.pop("as_json")
+    target = resolve(values)
+    with open_ledger(target) as ledger:
+        report = _run(
+            browse(
+                target.url,
+                target.topology,
+                ledger,
+                Selection(ids=(msg_id,)),
+                id_field=target.id_field,
+                bodies=True,
+            )
+        )
+    print_body(report, msg_id, as_json)
 
 
 @dead.command()
@@ -371,49 +398,4 @@ def purge(dry_run: bool, yes: bool, **values: Any) -> None:
                 confirm=None if yes else ask,
             )
         )
-    _print_change(report, as_json)
-
-
-def _print_change(report: Any, as_json: bool) -> None:
-    from onceq.cli.output import fail
-
-    if as_json:
-        emit_json(report.as_dict())
-    else:
-        console().print(change_summary(report), markup=False)
-    for letter, why in report.skipped:
-        q = report.topology.dead_letter_queue
-        fail(f"{letter.msg_id!r}: not replayed, {why}; it stays in {q}")
-    if report.missing:
-        fail(
-            f"not in {report.topology.dead_letter_queue}: {', '.join(report.missing)}"
-            " (nothing done for these)"
-        )
-
-
-def change_summary(report: Any) -> str:
-    """The last line of replay / purge, in the words of its JSON (done, total, filter,
-    left, seconds, op)."""
-    t = report.topology
-    verb = {"replay": "replayed", "purge": "purged"}[report.command]
-    filt = f"filter {report.selection.describe()}"
-    where = (
-        f" to {t.exchange or 'the default exchange'}, key {t.routing_key}"
-        if report.command == "replay"
-        else ""
-    )
-    if report.dry_run:
-        ids = ", ".join(str(x.msg_id) for x in report.matched[:10])
-        more = f" …(+{len(report.matched) - 10})" if len(report.matched) > 10 else ""
-        return (
-            f"dry run: would have {verb} {len(report.matched)} of {report.total} dead letter(s)"
-            f" from {t.dead_letter_queue}{where}; {filt}"
-            f"{': ' + ids + more if ids else ''}; nothing changed"
-        )
-    if report.declined:
-        return f"purge declined: {len(report.matched)} dead letter(s) left in {t.dead_letter_queue}"
-    op = f"; ledger op {report.op}" if report.op is not None else ""
-    return (
-        f"{verb} {len(report.done)} of {report.total} dead letter(s) from {t.dead_letter_queue}"
-        f"{where}; {filt}; {report.left} left; {report.seconds:.1f}s{op}"
-    )
+    print_change(report, as_json)
