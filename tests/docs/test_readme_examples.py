@@ -192,6 +192,57 @@ def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str, pg_url: s
     assert (tmp_path / "lab" / "q" / "order-result.txt").exists()
     _your_own_flow_did_what_the_readme_says(tmp_path, out, amqp_url)
     _the_shared_ledger_did_what_the_readme_says(tmp_path, out, pg_url)
+    _the_repairs_did_what_the_readme_says(tmp_path, ran, amqp_url)
+
+
+def _the_repairs_did_what_the_readme_says(
+    tmp_path: Path, ran: list[tuple[Example, str]], amqp_url: str
+) -> None:
+    """'When messages failed': a real failure on each transport, shown, corrected,
+    replayed, and processed; the other dead letters left as they were."""
+    section = [(ex, stdout) for ex, stdout in ran if ex.heading.startswith("When messages failed")]
+    said = [(ex.command, stdout) for ex, stdout in section if not ex.file]
+    consumed = [o for c, o in said if c.startswith(("onceq dirq consume", "onceq mq consume"))]
+    assert len(consumed) == 4, said
+    assert "8 received, 4 processed, 1 duplicates" in consumed[0], consumed[0]
+    assert "3 quarantined" in consumed[0], consumed[0]
+    assert "1 received, 1 processed" in consumed[1] and "0 quarantined" in consumed[1]
+    assert "1 received, 0 processed" in consumed[2] and "1 dead" in consumed[2], consumed[2]
+    assert "1 received, 1 processed" in consumed[3] and "0 dead" in consumed[3], consumed[3]
+    listed = [o for c, o in said if c.startswith(("onceq dirq dead list", "onceq mq dead list"))]
+    assert "inv-005-negative.json  http-422  attempts=1" in listed[0], listed[0]
+    assert "inv-005-negative.json" not in listed[1] and "2 file(s) in error/" in listed[1]
+    assert "INV-5" in listed[2] and "http-422" in listed[2], listed[2]
+    assert "0 of 0 dead letter(s) in fix.dead" in listed[3], listed[3]
+    # The directory queue: INV-5 processed once, its replay recorded; the rest untouched.
+    fix = tmp_path / "fix"
+    assert sorted(p.name for p in (fix / "error").iterdir()) == [
+        "inv-006-busy.json",
+        "inv-008-no-id.json",
+    ]
+    assert json.loads((fix / "done" / "inv-005-negative.json").read_text())["total"] == 5
+    assert _rows(fix / "ledger.db", "SELECT count(*) FROM messages WHERE msg_id = 'INV-5'") == [
+        (1,)
+    ]
+    assert _rows(fix / "ledger.db", "SELECT ref, msg_id FROM replays") == [
+        ("inv-005-negative.json", "INV-5")
+    ]
+    # RabbitMQ: the body shown, corrected and replayed; processed; nothing left dead.
+    assert json.loads((tmp_path / "inv-5.json").read_text()) == {
+        "invoiceId": "INV-5",
+        "customer": "Umbrella",
+        "total": 5,
+    }
+    db = tmp_path / "fix.db"
+    assert _rows(db, "SELECT msg_id FROM messages") == [("INV-5",)]
+    ((op, filt, count, finished),) = _rows(
+        db, "SELECT op, filter, count, finished_at FROM dead_ops"
+    )
+    assert (op, count, finished is not None) == ("replay", 1, True)
+    assert json.loads(filt)["ids"] == ["INV-5"]
+    assert json.loads(filt)["body"]["file"] == "inv-5.json"
+    depths = queues(amqp_url)
+    assert (depths["fix.in"][0], depths["fix.dead"][0]) == (0, 0), depths
 
 
 def _the_shared_ledger_did_what_the_readme_says(
@@ -271,10 +322,10 @@ def _your_own_flow_did_what_the_readme_says(
     assert _dead(db, "invoices") == sorted(
         ["http-422", "http-503", "missing-field", "http-422", "http-503"]
     )
-    assert out["python3 invoices_app.py ./inv3"].startswith(
+    assert out[".venv/bin/python invoices_app.py ./inv3"].startswith(
         "4 processed, 0 partner duplicates, 1 duplicates, 3 dead"
     )
-    assert out["python3 invoices_app.py invoice.in"].startswith(
+    assert out[".venv/bin/python invoices_app.py invoice.in"].startswith(
         "0 processed, 0 partner duplicates, 4 duplicates, 2 dead"
     )
     # Every dead letter of the three RabbitMQ runs is in invoice.dead, none left behind.
@@ -307,8 +358,9 @@ def test_api_doc_examples_run_as_written(tmp_path: Path, amqp_url: str) -> None:
     """docs/api.md: the invoice flow's own test passes, and the runs book each invoice once."""
     ran = run_examples("docs/api.md", tmp_path, amqp_url)
     out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
-    assert "1 passed" in out["python3 -m pytest -q test_invoices_flow.py"]
-    assert out["python3 invoices_flow.py ./inv"].startswith("4 processed, 1 duplicates, 3 dead")
+    assert "1 passed" in out[".venv/bin/python -m pytest -q test_invoices_flow.py"]
+    ran_flow = out[".venv/bin/python invoices_flow.py ./inv"]
+    assert ran_flow.startswith("4 processed, 1 duplicates, 3 dead"), ran_flow
     new = [("INV 7/A",), ("INV-1",), ("INV-2",), ("INV-3",)]
     db = tmp_path / "ledger.db"
     assert _rows(db, "SELECT id FROM invoices ORDER BY id") == new
