@@ -17,6 +17,7 @@ import pytest
 from mq_dead_support import (
     consume_exercise,
     depth,
+    foreign_dead_letter,
     ids_in,
     ledger_dump,
     make_dead,
@@ -80,6 +81,27 @@ def test_show_writes_the_body_as_it_is_and_leaves_it(dead: Dead) -> None:
     assert missing.stderr == (
         "onceq: claim.dead: no dead letter with message_id 'no-such-id' (2 in it)\n"
     )
+    assert dead.unchanged() == before
+
+
+def test_show_escapes_bytes_that_are_not_utf8_and_names_twins(dead: Dead) -> None:
+    """A body that cannot be printed as it is, and an id two dead letters share."""
+    foreign_dead_letter(dead.url, "bin-0", b'{"guid": "bin-0", "note": "\xff"}')
+    foreign_dead_letter(dead.url, "rej-1", b'{"guid": "rej-1", "second": true}')
+    first = ids_in(dead.url, "claim.dead").index("rej-1")  # the consumer's order
+    before = dead.unchanged()
+    r = dead.cli("show", "bin-0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == '{"guid": "bin-0", "note": "\\xff"}'
+    assert r.stderr == "onceq: claim.dead: 'bin-0': its body is not UTF-8 (bytes as \\xNN)\n"
+    r = dead.cli("show", "rej-1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == rejected("rej-1")  # the one nearer the head
+    assert r.stderr == (
+        "onceq: claim.dead: 2 dead letters have message_id 'rej-1'; shown: the one at"
+        f" position {first}\n"
+    )
+    assert json.loads(dead.cli("show", "rej-1", "--json").stdout)["same_id"] == 2
     assert dead.unchanged() == before
 
 
