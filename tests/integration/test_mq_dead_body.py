@@ -207,3 +207,17 @@ def test_body_needs_exactly_one_id(dead: Dead, args: list[str]) -> None:
         "onceq: --body FILE replaces one message's body: give exactly one --id ID with it\n"
     )
     assert dead.unchanged() == before
+
+
+def test_two_dead_letters_of_one_id_are_both_replaced_and_processed_once(dead: Dead) -> None:
+    foreign_dead_letter(dead.url, "rej-1", json.dumps(rejected("rej-1")).encode())
+    fixed = dead.fixed(claim_doc("rej-1"))
+    r = dead.cli("replay", "--id", "rej-1", "--body", str(fixed), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["done"] == 2
+    assert [b for _m, _p, b in get_all(dead.url, "claim.in")] == [fixed.read_bytes()] * 2
+    consume_exercise(dead.url, dead.stub.url, dead.db)
+    assert calls(dead.stub, "rej-1") == 2  # the first 422, then one 201: the twin a duplicate
+    assert table(dead.db, "SELECT msg_id FROM messages") == [("rej-1",)]
+    assert table(dead.db, "SELECT msg_id FROM duplicates") == [("rej-1",)]
+    assert ids_in(dead.url, "claim.dead") == ["rej-0"]
