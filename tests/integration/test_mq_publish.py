@@ -207,7 +207,11 @@ def test_published_and_nacked_copies_of_shared_ids_are_counted_per_file(
     _no_asyncio_noise(r.stderr)
     assert "2 of 4 message(s) nacked" in r.stderr and "; 2 published" in r.stderr, r.stderr
     out = json.loads(r.stdout)
-    assert out == {"published": 2, "unroutable": [], "nacked": sorted([str(files[1]), str(files[3])])}
+    assert out == {
+        "published": 2,
+        "unroutable": [],
+        "nacked": sorted([str(files[1]), str(files[3])]),
+    }
     assert sorted(p.message_id for _, p, _ in get_all(amqp_url, "claim.in")) == ["a", "b"]
 
 
