@@ -36,7 +36,17 @@ from mq_malformed_support import (
     publish_raw,
     timestamp,
 )
-from mq_support import claim_doc, consume, partner, queues, rows, topology
+from mq_support import (
+    claim_doc,
+    cli,
+    consume,
+    consume_until,
+    get_all,
+    partner,
+    queues,
+    rows,
+    topology,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -266,3 +276,29 @@ def test_generated_properties_never_stop_the_queue(
         conn.channel().queue_purge("claim.dead")  # the next example starts with none
     finally:
         conn.close()
+
+
+def test_a_timestamp_past_9999_travels_unchanged_into_the_retry_copy(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """Valid AMQP that Python's datetime cannot hold: processed as usual, and the copy
+    the retry tier gets (re-encoded by onceq) carries the same 64 bits."""
+    r = cli(amqp_url, "mq", "topology")  # the default policy: retry tiers
+    assert r.returncode == 0, r.stderr
+    busy = json.dumps(claim_doc("far", claim_id="BUSY-far")).encode()  # 503 every time
+    # The property only: pika, which reads the copy back here, cannot read such a
+    # timestamp in a header table (tests/unit/test_wire.py checks that one).
+    publish_raw(amqp_url, [({"delivery_mode": 2, "timestamp": FAR}, busy)])
+    with partner() as p:
+        r = consume_until(
+            amqp_url,
+            p.url,
+            tmp_path / "processed.db",
+            lambda: queues(amqp_url).get("claim.retry.5s", (0, 0))[0] == 1,
+            policy=(),
+        )
+    assert r.returncode == 0, r.stderr
+    got = get_all(amqp_url, "claim.retry.5s") + get_all(amqp_url, "claim.in")
+    assert len(got) == 1, got  # the copy (in its tier, or back in claim.in after its TTL)
+    _, props, _ = got[0]
+    assert props.timestamp == FAR and props.message_id == "far"
