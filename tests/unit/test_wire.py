@@ -106,3 +106,19 @@ def test_the_loop_dead_letters_a_refused_delivery_without_decoding_it() -> None:
         "property type: not UTF-8 text",
     )
     assert called == [] and d.msg_id is None
+
+
+def test_replay_refuses_a_malformed_letter_and_one_it_cannot_encode_again() -> None:
+    from pamqp.commands import Basic
+
+    from onceq.amqp.dead_letter import DeadLetter, republish_problem
+
+    def letter(props: Any) -> DeadLetter:
+        return DeadLetter(0, "m", 1, [], properties=props, refused=wire.verdict(props))
+
+    bad = _decode({"headers": {b"x-\xff": "v"}})
+    assert republish_problem(letter(bad)) == "header 'x-\\xff': its name is not UTF-8 text"
+    odd = Basic.Properties(headers={"k": {1, 2}})  # a set: no AMQP field type
+    assert republish_problem(letter(odd)) == "its properties cannot be encoded again (TypeError)"
+    fine = _decode({"headers": {"t": timestamp(2**63)}, "message_id": "m"})
+    assert republish_problem(letter(fine)) == ""
