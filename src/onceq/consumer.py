@@ -299,6 +299,8 @@ class Consumer:
         An id the ledger could not store (a lone surrogate) is refused here too, since
         every later step looks it up.
         """
+        if d.refused is not None:  # the transport could not read it faithfully
+            return Outcome(Kind.REJECTED, *d.refused)
         try:
             outcome = self.decode(d)
         except Exception as exc:

@@ -32,6 +32,10 @@ class Delivery:
     stable_ref: bool = False
     token: Any = None
     headers: dict[str, Any] = field(default_factory=dict)
+    # The transport's own verdict, (reason, detail), on a copy it cannot pass on as it
+    # is (RabbitMQ: a property or header that is not UTF-8): the loop dead-letters it
+    # with that reason without decoding or trying it.
+    refused: tuple[str, str] | None = None
     # Set by the loop when it settles this copy with Settle.DELAY: how many seconds it
     # waits (a RabbitMQ retry queue with that TTL, the directory queue's retry/ area).
     delay: float = 0.0

@@ -137,3 +137,92 @@ def test_missing_exchange_is_not_found(amqp_url: str, tmp_path: Path) -> None:
     assert "eai.claim" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # Nothing declared on the way: publish never creates topology.
     assert broker_state(amqp_url) == {"exchanges": [], "queues": [], "bindings": []}
+
+
+# --- counts per file, with copies of one id among the files (issue 17) ------------------
+
+
+def _no_asyncio_noise(stderr: str) -> None:
+    assert "never retrieved" not in stderr and "asyncio" not in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+
+
+def test_two_files_of_one_id_both_returned_count_as_two_returned(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """Before: `1 of 2 … returned …; 1 published` and an asyncio error — aiormq pinned both
+    returns on the last copy of the id. Each file is its own message: 2 returned, 0 out."""
+    topology(amqp_url)
+    files = write_claims(tmp_path, [claim_doc("same"), claim_doc("same")])
+    r = cli(amqp_url, "mq", "publish", *map(str, files), "--routing-key", "nope", "--json")
+    assert r.returncode == 6, r.stderr
+    _no_asyncio_noise(r.stderr)
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "2 of 2 message(s) returned as unroutable" in line and "; 0 published" in line, line
+    assert json.loads(r.stdout) == {
+        "published": 0,
+        "unroutable": sorted(map(str, files)),
+        "nacked": [],
+    }
+    assert queues(amqp_url) == {"claim.in": (0, 0), "claim.dead": (0, 0)}
+
+
+def test_many_copies_of_few_ids_all_returned_over_a_small_window(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    topology(amqp_url)
+    docs = [claim_doc(f"id-{i % 3}") for i in range(9)]  # each id three times, interleaved
+    files = write_claims(tmp_path, docs)
+    r = cli(amqp_url, "mq", "publish", "--window", "2", *map(str, files), "--routing-key", "nope")
+    assert r.returncode == 6, r.stderr
+    _no_asyncio_noise(r.stderr)
+    assert "9 of 9 message(s) returned as unroutable" in r.stderr and "; 0 published" in r.stderr
+
+
+def test_copies_of_one_id_are_each_published_and_counted(amqp_url: str, tmp_path: Path) -> None:
+    topology(amqp_url)
+    files = write_claims(tmp_path, [claim_doc("a"), claim_doc("a"), claim_doc("b")])
+    r = cli(amqp_url, "mq", "publish", *map(str, files), "--json")
+    assert r.returncode == 0, r.stderr
+    _no_asyncio_noise(r.stderr)
+    assert json.loads(r.stdout) == {"published": 3, "unroutable": [], "nacked": []}
+    assert sorted(p.message_id for _, p, _ in get_all(amqp_url, "claim.in")) == ["a", "a", "b"]
+
+
+def test_published_and_nacked_copies_of_shared_ids_are_counted_per_file(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """claim.in takes two messages (overflow reject-publish nacks the rest). Files a, a, b, b:
+    the first copy of each id goes out first (a copy waits for its id's previous one), so
+    exactly a#1 and b#1 are published and a#2 and b#2 nacked, in the counts and the queue."""
+    topology(amqp_url)
+    ctl(
+        "set_policy", "-p", vhost(amqp_url), "--apply-to", "queues", "two-only", "^claim\\.in$",
+        '{"max-length": 2, "overflow": "reject-publish"}',
+    )  # fmt: skip
+    files = write_claims(tmp_path, [claim_doc("a"), claim_doc("a"), claim_doc("b"), claim_doc("b")])
+    r = cli(amqp_url, "mq", "publish", *map(str, files), "--json")
+    assert r.returncode == 6, r.stderr
+    _no_asyncio_noise(r.stderr)
+    assert "2 of 4 message(s) nacked" in r.stderr and "; 2 published" in r.stderr, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {
+        "published": 2,
+        "unroutable": [],
+        "nacked": sorted([str(files[1]), str(files[3])]),
+    }
+    assert sorted(p.message_id for _, p, _ in get_all(amqp_url, "claim.in")) == ["a", "b"]
+
+
+def test_the_line_names_returns_and_nacks_apart() -> None:
+    from onceq.amqp.publisher import PublishReport
+
+    report = PublishReport(published=1, unroutable=["x.json", "y.json"], nacked=["z.json"])
+    line = report.problem(4, "exchange e", "k")
+    assert line == (
+        "2 of 4 message(s) returned as unroutable (no queue bound to exchange e for key 'k')"
+        " (first: x.json), 1 nacked by the broker (exchange e, key 'k') (first: z.json);"
+        " 1 published"
+    )
+    assert PublishReport(published=3).problem(3, "exchange e", "k") == ""

@@ -56,6 +56,7 @@ from onceq.amqp.dead_letter import (
 )
 from onceq.amqp.topology import QUEUE, Topology
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly, connect
+from onceq.amqp.wire import verdict
 from onceq.errors import NotFound, Unroutable
 
 # Dead letters got per round: their ledger rows are read in one query and, for a
@@ -82,11 +83,11 @@ class DeadQueue:
         self._pub: Any = None
 
     async def __aenter__(self) -> DeadQueue:
-        from onceq.amqp.wire import tolerate_non_utf8_shortstr
+        from onceq.amqp.wire import install
 
-        # A dead letter whose message_id is not UTF-8 (dead-lettered for it) must be
-        # listed, not drop the connection (see onceq.amqp.wire).
-        tolerate_non_utf8_shortstr()
+        # A dead letter whose properties are malformed (dead-lettered for them: the
+        # broker's copy carries them too) must be listed, not drop the connection.
+        install()
         self._conn = await connect(self.url)
         try:
             t = self.topology
@@ -216,6 +217,7 @@ def _letter(position: int, m: Any, id_field: str | None) -> DeadLetter:
         properties=props,
         body=m.body,
         copy_id=copy_id_of(headers),
+        refused=verdict(props),
     )
 
 

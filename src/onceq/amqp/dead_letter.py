@@ -18,7 +18,7 @@ from typing import Any
 from onceq.amqp.topology import Topology
 from onceq.amqp.transport import COPY_HEADER
 from onceq.errors import UsageError
-from onceq.ledger_values import is_utf8, text
+from onceq.ledger_values import text
 from onceq.message import _split, get_path
 from onceq.retry import parse_duration
 
@@ -120,10 +120,23 @@ class DeadLetter:
     properties: Any = field(default=None, repr=False)
     body: bytes = field(default=b"", repr=False)
     copy_id: str | None = None
+    # (reason, detail) when its properties are malformed (`onceq.amqp.wire.verdict`): the
+    # consumer dead-lettered it for exactly that, and a replay would only do so again.
+    refused: tuple[str, str] | None = None
 
     @property
     def reason(self) -> str:
+        """Malformed: the wire's reason (the consumer's, whatever the ledger holds for the
+        id); else the ledger's; else unknown."""
+        if self.refused is not None:
+            return self.refused[0]
         return str(self.info["reason"]) if self.info else UNKNOWN
+
+    @property
+    def detail(self) -> str | None:
+        if self.refused is not None:
+            return self.refused[1]
+        return self.info.get("detail") if self.info else None
 
     @property
     def attempts(self) -> int | None:
@@ -154,7 +167,7 @@ class DeadLetter:
             "position": self.position,
             "message_id": text(self.msg_id),
             "reason": self.reason,
-            "detail": self.info.get("detail") if self.info else None,
+            "detail": self.detail,
             "attempts": self.attempts,
             "dead_at": when.isoformat() if when else None,
             "in_ledger": self.info is not None,
@@ -246,15 +259,18 @@ class Selection:
 def republish_problem(letter: DeadLetter) -> str:
     """Why this dead letter cannot go out again as it is, or ''.
 
-    A property that is not UTF-8 (a message_id the wire module decoded with
-    surrogateescape) cannot be encoded again: such a message was dead-lettered for
-    it (`encoding`), and a replay would only dead-letter it once more.
+    Malformed properties (a message_id or a header that is not UTF-8 …: what the
+    consumer dead-lettered it for, `onceq.amqp.wire`) cannot be sent again unchanged,
+    and a replay would only dead-letter it once more. Anything else the encoder
+    refuses is named too, so the letter stays where it is instead of the command
+    failing half-way.
     """
-    p = letter.properties
-    for name in ("message_id", "correlation_id", "content_type", "message_type", "app_id"):
-        value = getattr(p, name, None)
-        if isinstance(value, str) and not is_utf8(value):
-            return f"its {name} is not UTF-8 text"
+    if letter.refused is not None:
+        return letter.refused[1]
+    try:
+        replay_properties(letter, None).marshal()
+    except Exception as exc:  # whatever pamqp's encoder refuses: that letter's problem
+        return f"its properties cannot be encoded again ({type(exc).__name__})"
     return ""
 
 

@@ -161,6 +161,32 @@ class PublishReport:
             "nacked": self.nacked,
         }
 
+    def problem(self, total: int, where: str, routing_key: str) -> str:
+        """The one line of a run that had returns or nacks ('' when it had none).
+
+        Counted per file: two files with one id are two messages, each published,
+        returned or nacked on its own (a publish waits for the previous copy of its id).
+        """
+        parts = []
+        if self.unroutable:
+            parts.append(
+                f"returned as unroutable (no queue bound to {where} for key {routing_key!r})"
+                f" (first: {self.unroutable[0]})"
+            )
+        if self.nacked:
+            parts.append(
+                f"nacked by the broker ({where}, key {routing_key!r}) (first: {self.nacked[0]})"
+            )
+        if not parts:
+            return ""
+        if len(parts) == 1:
+            n = len(self.unroutable) + len(self.nacked)
+            return f"{n} of {total} message(s) {parts[0]}; {self.published} published"
+        return (
+            f"{len(self.unroutable)} of {total} message(s) {parts[0]},"
+            f" {len(self.nacked)} {parts[1]}; {self.published} published"
+        )
+
 
 def exchange_label(exchange: str) -> str:
     return f"exchange {exchange}" if exchange else "the default exchange"
@@ -206,9 +232,19 @@ async def publish(
             # with PublishError instead of passing as a plain ack.
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         slots = asyncio.Semaphore(window)
+        # The copy of each id still in flight. aiormq pins a basic.return on a copy by
+        # its message_id (the last one published under that id): with two copies of one
+        # id out at once, the first one's return failed the second one's confirm, the
+        # first passed as published, and the second return failed a future nobody read
+        # ("Returning exception was never retrieved"). A copy therefore waits for the
+        # previous copy of its id to be confirmed or returned (the broker sends the
+        # return before the confirm), so each return names exactly its own file.
+        last: dict[str, asyncio.Task[None]] = {}
 
-        async def one(message: Message) -> None:
+        async def one(message: Message, before: asyncio.Task[None] | None) -> None:
             try:
+                if before is not None:
+                    await asyncio.wait([before])
                 props = aiormq.spec.Basic.Properties(
                     delivery_mode=2,  # persistent: a durable queue alone loses it on restart
                     message_id=message.msg_id,
@@ -231,8 +267,6 @@ async def publish(
                 else:
                     report.nacked.append(str(message.path))
             except ae.PublishError:
-                # With two copies of one guid in flight aiormq may pin the return on the
-                # other copy; either way a return is counted and the run fails.
                 report.unroutable.append(str(message.path))
             except ae.DeliveryError:
                 report.nacked.append(str(message.path))
@@ -243,7 +277,9 @@ async def publish(
         with boundary(url, where):
             for message in messages:
                 await slots.acquire()
-                tasks.append(asyncio.create_task(one(message)))
+                task = asyncio.create_task(one(message, last.get(message.msg_id)))
+                last[message.msg_id] = task
+                tasks.append(task)
             # Collect every task before raising, so none is left with an unread error.
             results = await asyncio.gather(*tasks, return_exceptions=True)
             failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -251,15 +287,13 @@ async def publish(
                 raise failure
     finally:
         await close_quietly(connection)
-    if report.unroutable or report.nacked:
-        bad = report.unroutable or report.nacked
-        what = (
-            f"returned as unroutable (no queue bound to {where} for key {routing_key!r})"
-            if report.unroutable
-            else f"nacked by the broker ({where}, key {routing_key!r})"
-        )
-        raise Unroutable(
-            f"{len(report.unroutable) + len(report.nacked)} of {len(messages)} message(s)"
-            f" {what} (first: {bad[0]}); {report.published} published"
-        )
+    # In the files' order, not the confirms' (the same command prints the same lists).
+    first = {str(m.path): i for i, m in reversed(list(enumerate(messages)))}
+    report.unroutable.sort(key=first.__getitem__)
+    report.nacked.sort(key=first.__getitem__)
+    problem = report.problem(len(messages), where, routing_key)
+    if problem:
+        exc = Unroutable(problem)
+        exc.report = report  # type: ignore[attr-defined]  # the CLI's --json prints it
+        raise exc
     return report

@@ -47,6 +47,7 @@ from onceq.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work
 from onceq.amqp.retry import publish_copy
 from onceq.amqp.topology import QUEUE, Topology
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
+from onceq.amqp.wire import verdict
 from onceq.errors import NotFound, redact_url
 from onceq.retry import DEFAULT_DELAYS, delay_label
 from onceq.transport import Delivery, Settle
@@ -134,11 +135,12 @@ class AmqpTransport(ConsumerControl):
         import aio_pika
         from aio_pika.connection import make_url
 
-        from onceq.amqp.wire import tolerate_non_utf8_shortstr
+        from onceq.amqp.wire import install
 
-        # A message_id that is not UTF-8 would otherwise drop the connection on every
-        # redelivery of that one message (see onceq.amqp.wire).
-        tolerate_non_utf8_shortstr()
+        # A property or header pamqp cannot decode (a message_id or a header name that
+        # is not UTF-8 …) would otherwise drop the connection on every redelivery of
+        # that one message and stop the queue behind it (see onceq.amqp.wire).
+        install()
         # Built by hand rather than with connect_robust: when the first connect fails
         # or times out, connect_robust leaves its reconnect task running (it treats the
         # cancellation as one more failed attempt), and asyncio.run then waits for it
@@ -261,6 +263,8 @@ class AmqpTransport(ConsumerControl):
                 stable_ref=stable,
                 token=message,
                 headers=headers,
+                # Malformed properties (onceq.amqp.wire): dead-lettered, never tried.
+                refused=verdict(message),
             )
         )
         self._held += 1

@@ -12,7 +12,7 @@ from onceq.cli.mq_dead import dead
 from onceq.cli.mq_status import status
 from onceq.cli.output import console, emit_json
 from onceq.cli.retry_options import retry_from_values, retry_options
-from onceq.errors import UsageError
+from onceq.errors import Unroutable, UsageError
 
 JSON_HELP = "Print the outcome as JSON."
 # asyncio is imported inside the commands: every `onceq` command loads this module to
@@ -247,9 +247,15 @@ def publish(
     check_target(exchange, routing_key)
     url = cli_url()
     messages = load_messages(list(files), id_field)
-    report = asyncio.run(
-        do_publish(url, messages, window=window, exchange=exchange, routing_key=routing_key)
-    )
+    try:
+        report = asyncio.run(
+            do_publish(url, messages, window=window, exchange=exchange, routing_key=routing_key)
+        )
+    except Unroutable as exc:
+        # --json: the counts on stdout as after a clean run, then the one line and exit 6.
+        if as_json and getattr(exc, "report", None) is not None:
+            emit_json(exc.report.as_dict())  # type: ignore[attr-defined]
+        raise
     if as_json:
         emit_json(report.as_dict())
         return

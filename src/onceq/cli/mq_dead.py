@@ -211,9 +211,10 @@ def list_(reason: str | None, since: str | None, limit: int | None, **values: An
     """Show the dead letters, head first, and leave every one of them in place.
 
     Per message: its position, message_id, the reason, attempts and time of death
-    the ledger recorded (reason 'unknown' when the ledger has no dead row for it),
-    the broker's x-death (queue, reason, count) and the body's size. Header values
-    are never shown.
+    the ledger recorded (reason 'unknown' when the ledger has no dead row for it;
+    a letter with malformed properties shows why, e.g. "encoding: header 'x-\\xff':
+    its name is not UTF-8 text"), the broker's x-death (queue, reason, count) and
+    the body's size. Header values are never shown.
 
     \b
     Example:

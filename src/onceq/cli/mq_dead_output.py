@@ -34,7 +34,8 @@ def print_list(report: Any) -> None:
             cells = (
                 str(x.position),
                 text(x.msg_id) if x.msg_id is not None else "-",
-                x.reason,
+                # A malformed letter's reason with where it is malformed (never a value).
+                f"{x.reason}: {x.detail}" if x.refused is not None else x.reason,
                 "-" if x.attempts is None else str(x.attempts),
                 when.isoformat(timespec="seconds") if when else "-",
                 deaths,
