@@ -39,7 +39,9 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from onceq.consumer import Outcome
+from onceq.effect import effect_raised
 from onceq.errors import UsageError, redact_text
+from onceq.http_headers import request_headers
 from onceq.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
 from onceq.message import _PATH as _PATH_TEXT
 from onceq.redact import MIN_REMEMBERED, secret_shapes
@@ -47,7 +49,6 @@ from onceq.transport import Delivery, Kind
 
 SUCCESS, DUPLICATE, REJECT, TRANSIENT = "success", "duplicate", "reject", "transient"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 
 StatusList = Iterable[int | str]
 
@@ -223,16 +224,9 @@ class HttpEffect:
         self.timeout = float(timeout)
         self.concurrency = max(int(concurrency), 1)
         self.statuses = statuses if statuses is not None else StatusMap()
-        base: dict[str, str] = {"Content-Type": "application/json"}
-        for name, value in (headers or {}).items():
-            if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-                raise UsageError(f"header {name!r}: not a header name")
-            if not isinstance(value, str) or CONTROL_CHARS.search(value):
-                # The value is a secret: never shown, not even in this refusal.
-                raise UsageError(f"header {name}: its value is not one line of text")
-            base[name] = value
-        if idempotency_header is not None and not _HEADER_NAME.fullmatch(idempotency_header):
-            raise UsageError(f"idempotency header {idempotency_header!r}: not a header name")
+        # Every header mistake aiohttp would raise on (or send wrong) with each message,
+        # refused now, before anything is consumed (onceq.http_headers).
+        base = request_headers(url, headers, idempotency_header)
         self.idempotency_header = idempotency_header
         given = {v for v in (headers or {}).values() if v}
         # Each value as given, and in every shape a partner may echo it (JSON-escaped,
@@ -322,6 +316,11 @@ class HttpEffect:
             return Outcome(Kind.TRANSIENT, "timeout", type(exc).__name__)
         except aiohttp.ClientConnectionError as exc:  # refused, reset, server disconnected
             return Outcome(Kind.TRANSIENT, "connect-error", self._short(exc))
+        except (ValueError, TypeError) as exc:
+            # aiohttp refused to build the request from the flow's own configuration
+            # (InvalidURL is a ValueError too): the same for every message, so dead at once
+            # (config-error), not retried. http_headers refuses what it knows up front.
+            return effect_raised(delivery, exc, config=True, mask=self._short)
         except aiohttp.ClientError as exc:
             return Outcome(Kind.TRANSIENT, "http-error", self._short(exc))
         if role == SUCCESS:

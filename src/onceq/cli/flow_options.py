@@ -164,20 +164,25 @@ def _path_flag(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
+    from onceq.http_headers import parse_header_arg
+
     out: dict[str, str] = {}
     for h in headers:
-        name, sep, value = h.partition(":")
-        name = name.strip()
-        if not sep or not name:
-            # The whole text may be a secret: show only what is before the colon.
-            raise UsageError(f"--header {name or '?'}: not 'NAME: VALUE'")
+        try:
+            # A mistyped one is refused showing only its name-ish prefix: the rest of
+            # `X-Api-Key=abc…` or `Authorization Bearer abc…` is a secret.
+            name, value = parse_header_arg(h)
+        except UsageError as exc:
+            raise UsageError(f"--{exc}") from None
 
         def env(match: re.Match[str], name: str = name) -> str:
             if match[1] not in os.environ:
                 raise UsageError(f"--header {name}: environment variable {match[1]} is not set")
             return os.environ[match[1]]
 
-        out[name] = ENV.sub(env, value.strip())
+        if name in out:  # the second would replace the first without a word
+            raise UsageError(f"--header {name}: given twice")
+        out[name] = ENV.sub(env, value)
         # A secret from here on: masked in every line this process prints or logs,
         # whatever echoes it (a partner's error body, an exception, a traceback).
         remember_secret(out[name])
@@ -247,5 +252,6 @@ def build_flow(
                 **args,
             )
         except UsageError as exc:  # "url …", "method: …", "header X: …": name the flag
-            raise UsageError(f"--{exc}") from None
+            text = str(exc).replace("idempotency header ", "idempotency-header ", 1)
+            raise UsageError(f"--{text}") from None
     return Flow(values.get("flow_name") or "default", source, spec, effect).validate()
