@@ -20,8 +20,8 @@ What aiohttp refuses, or sends wrong, and is refused here instead:
 | one name twice (names ignore case)               | both sent                               |
 
 A header's value is a secret whatever its shape, and so is a mistyped `--header`
-argument: a refusal shows only the name-ish prefix (letters, digits, '-', '_'; the
-rest is `***`), and whatever follows it is remembered (onceq.redact) so that nothing
+argument: a refusal shows only the name-ish prefix (words of letters joined by '-';
+the rest is `***`), and whatever follows it is remembered (onceq.redact) so that nothing
 else prints it either. An argument of no recognisable shape is shown as `***` whole.
 """
 
@@ -34,10 +34,11 @@ from onceq.errors import UsageError
 from onceq.redact import MASK, remember_secret
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
-# What a refusal may show of something that may not be a header name: it stops at
-# anything a header name rarely holds ('.', '=', '/', '+' are a token's, and a base64
-# or JWT secret's too).
-_SHOWN = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+# What a refusal may show of something that may not be a header name: words of letters
+# joined by '-' (X-Api-Key, Authorization), at most 40 characters. It stops at a digit,
+# '_', '.', '=', '/', '+' (a token's characters, and an API key's, a base64 or JWT
+# secret's too): in `ab12cd=…` nothing tells a name from a secret, so none is shown.
+_SHOWN = re.compile(r"(?=[A-Za-z-]{1,40}(?![A-Za-z0-9_-]))[A-Za-z]+(?:-[A-Za-z]+)*")
 # CR/LF are header injection (aiohttp refuses them); a TAB or another control
 # character is no part of a credential either: one rule, every control character.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
