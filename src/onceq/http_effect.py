@@ -11,6 +11,10 @@ By default (`StatusMap()`):
 | 5xx, 408, 425, 429, anything else   | TRANSIENT (the retry rule)   | http-<status>    |
 | connection refused / reset          | TRANSIENT                    | connect-error    |
 | no answer within the timeout        | TRANSIENT                    | timeout          |
+| aiohttp refuses to build the request | REJECTED (dead at once)     | config-error     |
+
+The last row is the flow's configuration (aiohttp's ValueError/TypeError, the same for
+every message), not the message's: what onceq.http_headers did not refuse up front.
 
 A transient answer with a `Retry-After` header (delta-seconds or an HTTP date) sets
 `Outcome.retry_after` (`retry_after_seconds`: at most a day; a past date, a negative
@@ -23,8 +27,9 @@ CPU-bound when the partner is fast. So the per-call work is kept minimal: one
 session, headers built once, the status looked up in a table of 600 entries.
 
 Header values are secrets (a bearer token): they are never shown in a detail, a
-repr or a log line (this module logs nothing), and a failure's detail has every
-header value replaced by *** before it is cut, whatever a library echoed.
+repr or a log line (a config-error's one line is masked by onceq.effect), and a
+failure's detail has every header value replaced by *** before it is cut, whatever a
+library echoed.
 """
 
 from __future__ import annotations
