@@ -74,6 +74,8 @@ def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
         else:
             # A secret (its ${ENV} already in it): masked in all later output and logs.
             remember_secret(hv)
+    # Named once: a value that is not text is not the effect's mistake a second time.
+    headers = {k: v for k, v in headers.items() if isinstance(v, str)}
     lists: dict[str, Any] = {}
     for role in STATUS_KEYS:
         value = get(t, role, list, m, where)

@@ -174,3 +174,24 @@ def test_a_bug_in_a_handler_is_one_line_and_stays_a_transient_internal_error(
     assert len(lines) == 2 and all(r.exc_info is None for r in lines)
     assert "message e1: the effect raised RuntimeError" in lines[0].getMessage()
     assert "retried as internal-error" in lines[0].getMessage()
+
+
+def test_a_flow_file_names_the_key_of_each_header_mistake_once(tmp_path: Path) -> None:
+    from onceq.flowfile import FlowFileError, load_flows
+
+    flows = tmp_path / "flows.toml"
+    flows.write_text(
+        'ledger = "l.db"\n[flows.a]\nsource = "dirq"\npath = "q"\n[flows.a.http]\n'
+        'url = "http://h/x"\nheaders = { Authorization = 123, "X-Key: abcSecret1" = "v" }\n'
+        '[flows.b]\nsource = "dirq"\npath = "q2"\n[flows.b.http]\n'
+        'url = "http://bob:pwSecret9@h/x"\nheaders = { authorization = "Bearer t" }\n'
+        'idempotency_header = "Content-Length"\n'
+    )
+    with pytest.raises(FlowFileError) as exc:
+        load_flows(flows)
+    assert exc.value.lines == [
+        f"{flows}: line 7: flows.a.http.headers.Authorization: must be text, not an integer",
+        f"{flows}: line 7: flows.a.http.headers.X-Key***: not a header name",
+        f"{flows}: line 14: flows.b.http.idempotency_header: Content-Length: the HTTP client"
+        " sets it from each message's body",
+    ]
