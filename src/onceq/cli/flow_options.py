@@ -142,12 +142,17 @@ def is_generic(values: dict[str, Any]) -> bool:
     return any(values.get(k) for k in SPEC_FLAGS)
 
 
-def check_http_flags(values: dict[str, Any]) -> None:
-    """An HTTP flag without --url would be silently ignored: refuse it."""
-    if values.get("http_url"):
+def check_http_flags(values: dict[str, Any], *, preset: bool = False) -> None:
+    """An HTTP flag without --url (or beside --claim, a preset with its own call) would
+    be silently ignored — a --header never sent: refuse it."""
+    if values.get("http_url") and not preset:
         return
     for k in HTTP_FLAGS:
         if values.get(k):
+            if preset:
+                raise UsageError(
+                    f"{_flag(k)} is for your own flow (--url), not the claims preset (--claim)"
+                )
             raise UsageError(f"{_flag(k)} needs --url")
 
 
