@@ -130,32 +130,49 @@ def _run(args: list[str], place: Path, refused: bool, names: tuple[str, ...]) ->
     url=urls(),
     which=st.sampled_from(["dirq", "mq"]),
     log_json=st.booleans(),
+    unquoted=st.booleans(),
 )
 @example(
     headers=[("X-Api-Key=abcSecret1", ["abcSecret1"], True)],
     url=("http://127.0.0.1:9300/api/invoices", []),
     which="dirq",
     log_json=False,
+    unquoted=False,
 )
 @example(
     headers=[("Authorization Bearer abcSecret1", ["abcSecret1"], True)],
     url=("http://127.0.0.1:9300/api/invoices", []),
     which="mq",
     log_json=False,
+    unquoted=False,
 )
 @example(
     headers=[("X-Api-Key abcSecret1", ["abcSecret1"], True)],
     url=("http://127.0.0.1:9300/api/invoices", []),
     which="dirq",
     log_json=True,
+    unquoted=False,
 )
-@example(headers=[("Authorization: Bearer abcSecret1", ["abcSecret1"], False)],
-         url=("http://bob:pwSecret9@127.0.0.1:9300/api/invoices", ["pwSecret9"]), which="mq",
-         log_json=False)  # fmt: skip
+@example(  # the conflict
+    headers=[("Authorization: Bearer abcSecret1", ["abcSecret1"], False)],
+    url=("http://bob:pwSecret9@127.0.0.1:9300/api/invoices", ["pwSecret9"]),
+    which="mq",
+    log_json=False,
+    unquoted=False,
+)
+@example(  # unquoted: the shell splits it, click sees `Bearer abcSecret1` as extra arguments
+    headers=[("Authorization: Bearer abcSecret1", ["abcSecret1"], False)],
+    url=("http://127.0.0.1:9300/api/invoices", []),
+    which="dirq",
+    log_json=False,
+    unquoted=True,
+)
 def test_a_mistyped_header_or_url_never_shows_a_secret_in_a_consume_command(
-    place: Path, headers: list[Header], url: Secret, which: str, log_json: bool
+    place: Path, headers: list[Header], url: Secret, which: str, log_json: bool, unquoted: bool
 ) -> None:
-    flags = [a for arg, _, _ in headers for a in ("--header", arg)]
+    # Unquoted, the shell splits `--header Authorization: Bearer T` into three words.
+    split = [arg.split() if unquoted else [arg] for arg, _, _ in headers]
+    flags = [a for words in split for a in ("--header", *words)]
     common = ["--id-field", "id", "--url", url[0], *flags, "--retry", "none"]
     if log_json:
         common += ["--log-format", "json"]
@@ -163,7 +180,7 @@ def test_a_mistyped_header_or_url_never_shows_a_secret_in_a_consume_command(
         args = ["dirq", "consume", str(place / "q"), *common]
     else:
         args = ["mq", "consume", "--queue", "h.in", *common, "--until-empty"]
-    refused = any(r for _, _, r in headers)
+    refused = any(r for _, _, r in headers) or any(len(words) > 1 for words in split)
     text = _run(args, place, refused, ("--header", "--url"))
     _assert_masked(text, [t for _, ts, _ in headers for t in ts] + url[1], args)
 

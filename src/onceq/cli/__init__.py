@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
+    from onceq.cli.flow_options import UNQUOTED, remember_header_words
+    from onceq.redact import MASK
+
     _register()
+    unquoted = remember_header_words(sys.argv[1:] if argv is None else argv)
     try:
         code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
     except click.exceptions.Abort:
@@ -76,6 +80,10 @@ def _main(argv: list[str] | None) -> None:
         # One line, like every other refusal: the command, the problem, where to look.
         where = exc.ctx.command_path if exc.ctx is not None else "onceq"
         message = redact_text(exc.format_message())  # click may quote a URL argument
+        head, _, stray = exc.format_message().rpartition(" (")
+        if "extra argument" in head and set(stray.rstrip(")").split()) & set(unquoted):
+            # "Got unexpected extra arguments (Bearer T)": a header's value the shell split.
+            message = f"{redact_text(head)} ({MASK}){UNQUOTED}"
         sys.stderr.write(f"onceq: {where}: {message} (see --help)\n")
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

@@ -168,6 +168,48 @@ def _path_flag(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+UNQUOTED = " (a --header value with spaces is quoted: --header 'NAME: VALUE')"
+
+
+def header_words(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """Each --header's value and the words after it up to the next option."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--header" and i + 1 < len(argv):
+            value, rest = argv[i + 1], argv[i + 2 :]
+        elif arg.startswith("--header="):
+            value, rest = arg[len("--header=") :], argv[i + 1 :]
+        else:
+            continue
+        words = []
+        for word in rest:
+            if word.startswith("-"):
+                break
+            words.append(word)
+        out.append((value, words))
+    return out
+
+
+def remember_header_words(argv: list[str]) -> list[str]:
+    """Remember as secrets the words after an unquoted `--header Authorization: Bearer T`.
+
+    Unquoted, the shell splits it: click takes `Authorization:` as the header and
+    reports `Bearer T` as "unexpected extra arguments" (or takes a word as QDIR),
+    quoting the token, before any callback could see it. So before click parses: after
+    a --header value with nothing after its ':' (or no ':' at all) the words up to the
+    next option are remembered. Returns every word after a --header value, for the
+    refusal of extra arguments to mask (`Authorization:Bearer T` leaves `T` there).
+    """
+    after = []
+    for value, words in header_words(argv):
+        if not value.partition(":")[2].strip():
+            for secret in (*words, " ".join(words)):
+                if secret:
+                    remember_secret(secret)
+        after += words
+    return after
+
+
 def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
     from onceq.http_headers import parse_header_arg
 
