@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sqlite3
@@ -115,3 +116,28 @@ def plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "(onceq installed outside the venv), so the generated scripts cannot be tested here"
     )
     return env
+
+
+def in_process(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `onceq ARGS` through its real entry point in this process: (exit code, output)."""
+    from click.testing import CliRunner
+
+    from onceq.cli import main
+
+    # The run installs its own log handler on the captured stderr (so log lines are in
+    # the output checked) and quietens aiormq; the test process's logging is put back.
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
+    with CliRunner().isolation(env=env) as (out, err, _):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        text = out.getvalue().decode("utf-8", "replace") + err.getvalue().decode("utf-8", "replace")
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    return code, text

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq import faults
+from onceq.effect import effect_raised
 from onceq.errors import LedgerUnavailable
 from onceq.holds import Holds
 from onceq.inflight import Checked, InflightGuard, Leases, guard_for
@@ -355,10 +356,7 @@ class Consumer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a handler must not take the message with it
-            log.exception(
-                "handler failed on %s", d.ref, extra={"event": "handler-failed", "msg_id": d.msg_id}
-            )
-            outcome = Outcome(Kind.TRANSIENT, "internal-error", type(exc).__name__)
+            outcome = effect_raised(d, exc)  # one line, no traceback: onceq.effect
         if timer is not None:  # the call only: not the ledger read, not a wait for a turn
             timer.observe(time.perf_counter() - started)
         if self.breaker is not None:

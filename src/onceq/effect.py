@@ -16,6 +16,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ from typing import Any
 from onceq.errors import UsageError
 
 DETAIL_MAX = 200  # failure rows stay short
+log = logging.getLogger(__name__)
+# The line an effect's exception is logged with: what it is, and what becomes of it.
+RAISED_EVENTS = {"internal-error": "handler-failed", "config-error": "config-error"}
 
 
 class Reject(Exception):
@@ -118,6 +122,48 @@ class PythonEffect:
 
     async def aclose(self) -> None:
         """Nothing to close (the same shape as HttpEffect's)."""
+
+
+def effect_raised(
+    delivery: Any,
+    exc: BaseException,
+    *,
+    config: bool = False,
+    mask: Callable[[str], str] | None = None,
+) -> Any:
+    """An exception out of an effect: its Outcome, and one ERROR line — never a traceback.
+
+    `config`: raised while the request was built from the flow's own configuration
+    (aiohttp's ValueError or TypeError, something `onceq check` did not catch): every
+    message would fail the same way, so retrying is pointless and it is dead at once
+    (reason `config-error`), not retried for 13 minutes. Otherwise a bug in the
+    effect (or in onceq): a transient `internal-error`, as a user's function's
+    exception is. The line names the flow, the message, the exception's type and
+    masked message; the traceback is logged at DEBUG (`--log-level debug`), and the
+    failure's detail in the ledger is the type and the masked message (`mask`: the
+    effect's own masking, e.g. of its header values; by default onceq.redact's).
+    """
+    from onceq.consumer import Outcome
+    from onceq.logs import FLOW
+    from onceq.transport import Kind
+
+    what = (mask or _short)(f"{type(exc).__name__}: {exc}")
+    reason = "config-error" if config else "internal-error"
+    msg = delivery.msg_id if delivery.msg_id is not None else delivery.ref
+    then = (
+        "dead at once as config-error: fix the flow (onceq check), then replay it"
+        if config
+        else "a bug: retried as internal-error"
+    )
+    log.error(
+        "flow %s: message %s: the effect raised %s; %s (the traceback at --log-level debug)",
+        FLOW.get() or "-", msg, what, then,
+        extra={"event": RAISED_EVENTS[reason], "msg_id": delivery.msg_id, "reason": reason},
+    )  # fmt: skip
+    log.debug(
+        "the traceback of message %s", msg, exc_info=exc, extra={"event": RAISED_EVENTS[reason]}
+    )
+    return Outcome(Kind.REJECTED if config else Kind.TRANSIENT, reason, what)
 
 
 def _is_async(function: Any) -> bool:

@@ -61,6 +61,7 @@ def effect_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
 
 def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
     from onceq.http_effect import HttpEffect, StatusMap
+    from onceq.http_headers import shown_name
 
     for k in t:
         if k not in HTTP_KEYS:
@@ -69,10 +70,12 @@ def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
     headers = get(t, "headers", dict, m, where, {})
     for hk, hv in headers.items():
         if not isinstance(hv, str):
-            m.add(f"{where}.headers.{hk}", f"must be text, not {toml_type(hv)}")
+            m.add(f"{where}.headers.{shown_name(hk)}", f"must be text, not {toml_type(hv)}")
         else:
             # A secret (its ${ENV} already in it): masked in all later output and logs.
             remember_secret(hv)
+    # Named once: a value that is not text is not the effect's mistake a second time.
+    headers = {k: v for k, v in headers.items() if isinstance(v, str)}
     lists: dict[str, Any] = {}
     for role in STATUS_KEYS:
         value = get(t, role, list, m, where)
@@ -104,10 +107,25 @@ def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
     try:
         return HttpEffect(url, headers=headers, statuses=statuses, **args)
     except UsageError as exc:
-        m.add(
-            f"{where}.url" if str(exc).startswith("url ") else where, _after_role(str(exc), "url")
-        )
+        m.add(*_key_of(str(exc), where))
         return None
+
+
+def _key_of(message: str, where: str) -> tuple[str, str]:
+    """HttpEffect's refusal as (the key, why): 'header X: why' → (WHERE.headers.X, why),
+    'url U: why' → (WHERE.url, 'U: why'), as the flags name their option (--header X:)."""
+    if message.startswith("header "):
+        name, _, why = message[len("header ") :].partition(": ")
+        return f"{where}.headers.{name}", why
+    for head, key in (
+        ("idempotency header ", "idempotency_header"),
+        ("url ", "url"),
+        ("method: ", "method"),
+        ("timeout: ", "timeout"),
+    ):
+        if message.startswith(head):
+            return f"{where}.{key}", message[len(head) :]
+    return where, message
 
 
 def _after_role(message: str, role: str) -> str:

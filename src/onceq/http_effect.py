@@ -11,6 +11,10 @@ By default (`StatusMap()`):
 | 5xx, 408, 425, 429, anything else   | TRANSIENT (the retry rule)   | http-<status>    |
 | connection refused / reset          | TRANSIENT                    | connect-error    |
 | no answer within the timeout        | TRANSIENT                    | timeout          |
+| aiohttp refuses to build the request | REJECTED (dead at once)     | config-error     |
+
+The last row is the flow's configuration (aiohttp's ValueError/TypeError, the same for
+every message), not the message's: what onceq.http_headers did not refuse up front.
 
 A transient answer with a `Retry-After` header (delta-seconds or an HTTP date) sets
 `Outcome.retry_after` (`retry_after_seconds`: at most a day; a past date, a negative
@@ -23,8 +27,9 @@ CPU-bound when the partner is fast. So the per-call work is kept minimal: one
 session, headers built once, the status looked up in a table of 600 entries.
 
 Header values are secrets (a bearer token): they are never shown in a detail, a
-repr or a log line (this module logs nothing), and a failure's detail has every
-header value replaced by *** before it is cut, whatever a library echoed.
+repr or a log line (a config-error's one line is masked by onceq.effect), and a
+failure's detail has every header value replaced by *** before it is cut, whatever a
+library echoed.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from onceq.consumer import Outcome
+from onceq.effect import effect_raised
 from onceq.errors import UsageError, redact_text
+from onceq.http_headers import request_headers
 from onceq.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
 from onceq.message import _PATH as _PATH_TEXT
 from onceq.redact import MIN_REMEMBERED, secret_shapes
@@ -47,7 +54,6 @@ from onceq.transport import Delivery, Kind
 
 SUCCESS, DUPLICATE, REJECT, TRANSIENT = "success", "duplicate", "reject", "transient"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 
 StatusList = Iterable[int | str]
 
@@ -223,16 +229,9 @@ class HttpEffect:
         self.timeout = float(timeout)
         self.concurrency = max(int(concurrency), 1)
         self.statuses = statuses if statuses is not None else StatusMap()
-        base: dict[str, str] = {"Content-Type": "application/json"}
-        for name, value in (headers or {}).items():
-            if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-                raise UsageError(f"header {name!r}: not a header name")
-            if not isinstance(value, str) or CONTROL_CHARS.search(value):
-                # The value is a secret: never shown, not even in this refusal.
-                raise UsageError(f"header {name}: its value is not one line of text")
-            base[name] = value
-        if idempotency_header is not None and not _HEADER_NAME.fullmatch(idempotency_header):
-            raise UsageError(f"idempotency header {idempotency_header!r}: not a header name")
+        # Every header mistake aiohttp would raise on (or send wrong) with each message,
+        # refused now, before anything is consumed (onceq.http_headers).
+        base = request_headers(url, headers, idempotency_header)
         self.idempotency_header = idempotency_header
         given = {v for v in (headers or {}).values() if v}
         # Each value as given, and in every shape a partner may echo it (JSON-escaped,
@@ -322,6 +321,11 @@ class HttpEffect:
             return Outcome(Kind.TRANSIENT, "timeout", type(exc).__name__)
         except aiohttp.ClientConnectionError as exc:  # refused, reset, server disconnected
             return Outcome(Kind.TRANSIENT, "connect-error", self._short(exc))
+        except (ValueError, TypeError) as exc:
+            # aiohttp refused to build the request from the flow's own configuration
+            # (InvalidURL is a ValueError too): the same for every message, so dead at once
+            # (config-error), not retried. http_headers refuses what it knows up front.
+            return effect_raised(delivery, exc, config=True, mask=self._short)
         except aiohttp.ClientError as exc:
             return Outcome(Kind.TRANSIENT, "http-error", self._short(exc))
         if role == SUCCESS:

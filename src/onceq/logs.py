@@ -67,6 +67,7 @@ EVENTS: dict[str, str] = {
     "recovered": "a copy a crashed run had already committed: settled now, no second call",
     "decoder-failed": "the decoder raised on a message: dead-lettered as internal-error",
     "handler-failed": "the effect raised (a bug in it): a transient internal-error",
+    "config-error": "the request could not be built from the flow's configuration: dead",
     # the circuit breaker
     "breaker-open": "the breaker opened (failures in a row, or a failed probe): calls stop",
     "breaker-half-open": "the breaker lets one probe through",

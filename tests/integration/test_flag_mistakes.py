@@ -66,3 +66,13 @@ def test_claim_with_url_is_refused() -> None:
     r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", "--url", URL)
     assert r.returncode == 2
     assert r.stderr.startswith("onceq: --claim is the claims preset"), r.stderr
+
+
+@pytest.mark.parametrize("flag", [["--header", "X-Api-Key: abcSecret1"], ["--success", "200"]])
+def test_an_http_flag_beside_claim_is_refused_not_ignored(flag: list[str]) -> None:
+    """The claims preset makes its own call: a --header there was never sent."""
+    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", *flag)
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"onceq: {flag[0]} is for your own flow (--url), not the claims preset (--claim)\n"
+    )

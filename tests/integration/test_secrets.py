@@ -15,18 +15,16 @@ one, which takes seconds.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mq_support import EXERCISE, claim_doc, publish, topology, write_claims
-from support import run_cli
+from support import in_process, run_cli
 
 TOKEN = st.from_regex(r"[a-z]{2}[0-9]{3}[A-Z]{3}", fullmatch=True)
 AWKWARD = st.lists(
@@ -123,29 +121,6 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _env(place: Path, **extra: str) -> dict[str, str]:
     return {"PATH": f"{place / 'bin'}{os.pathsep}{os.environ['PATH']}", **extra}
-
-
-def in_process(args: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run `onceq ARGS` through its real entry point in this process: (exit code, output)."""
-    from onceq.cli import main
-
-    # The run installs its own log handler on the captured stderr (so log lines are in
-    # the output checked) and quietens aiormq; the test process's logging is put back.
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
-    with CliRunner().isolation(env=env) as (out, err, _):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        text = out.getvalue().decode("utf-8", "replace") + err.getvalue().decode("utf-8", "replace")
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    return code, text
 
 
 def assert_no_leak(text: str, password: str, tokens: list[str], what: object) -> None:

@@ -128,7 +128,7 @@ def test_what_no_request_can_carry_is_that_message_s_rejection() -> None:
         ("http://h/x", {"timeout": 0}, "timeout"),
         ("http://h/x", {"timeout": float("inf")}, "timeout: inf is not a positive number"),
         ("http://h/x", {"timeout": float("nan")}, "timeout: nan is not a positive number"),
-        ("http://h/x", {"headers": {"Bad Name": "v"}}, "header 'Bad Name': not a header name"),
+        ("http://h/x", {"headers": {"Bad Name": "v"}}, "header Bad***: not a header name"),
         ("http://h/x", {"headers": {"X-Token": "s3cret\nx"}}, "header X-Token: its value"),
         ("http://h/x", {"idempotency_header": "a:b"}, "idempotency header"),
     ],

@@ -7,10 +7,12 @@ that need them, so `onceq dirq lag` and `--help` start in a few tens of ms.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 
 import click
 
 from onceq.errors import OnceqError, redact_text
+from onceq.redact import MASK
 
 EPILOG = (
     "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found"
@@ -66,14 +68,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
+    from onceq.cli.flow_options import remember_header_words
+
     _register()
+    unquoted = remember_header_words(sys.argv[1:] if argv is None else argv)
     try:
         code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
     except click.exceptions.Abort:
         sys.stderr.write("onceq: interrupted\n")
         sys.exit(130)
     except click.UsageError as exc:
-        sys.stderr.write(_usage_line(exc))
+        sys.stderr.write(_usage_line(exc, unquoted))
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
@@ -89,14 +94,20 @@ def _main(argv: list[str] | None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _usage_line(exc: click.UsageError) -> str:
+def _usage_line(exc: click.UsageError, unquoted: Iterable[str] = ()) -> str:
     """One line, like every other refusal: `onceq: SUBCOMMAND: problem (see … --help)`.
 
     click's command path starts with the program's own name (`onceq mq`), which the
     `onceq: ` every error line starts with already says: it is written once.
     """
+    from onceq.cli.flow_options import UNQUOTED
+
     path = exc.ctx.command_path if exc.ctx is not None else "onceq"
     sub = path.partition(" ")[2]
     message = redact_text(exc.format_message())  # click may quote a URL argument
+    head, _, stray = exc.format_message().rpartition(" (")
+    if "extra argument" in head and set(stray.rstrip(")").split()) & set(unquoted):
+        # "Got unexpected extra arguments (Bearer T)": a header's value the shell split.
+        message = f"{redact_text(head)} ({MASK}){UNQUOTED}"
     where = f"{sub}: " if sub else ""
     return f"onceq: {where}{message} (see {path} --help)\n"

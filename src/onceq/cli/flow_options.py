@@ -142,12 +142,17 @@ def is_generic(values: dict[str, Any]) -> bool:
     return any(values.get(k) for k in SPEC_FLAGS)
 
 
-def check_http_flags(values: dict[str, Any]) -> None:
-    """An HTTP flag without --url would be silently ignored: refuse it."""
-    if values.get("http_url"):
+def check_http_flags(values: dict[str, Any], *, preset: bool = False) -> None:
+    """An HTTP flag without --url (or beside --claim, a preset with its own call) would
+    be silently ignored — a --header never sent: refuse it."""
+    if values.get("http_url") and not preset:
         return
     for k in HTTP_FLAGS:
         if values.get(k):
+            if preset:
+                raise UsageError(
+                    f"{_flag(k)} is for your own flow (--url), not the claims preset (--claim)"
+                )
             raise UsageError(f"{_flag(k)} needs --url")
 
 
@@ -163,21 +168,68 @@ def _path_flag(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+UNQUOTED = " (a --header value with spaces is quoted: --header 'NAME: VALUE')"
+
+
+def header_words(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """Each --header's value and the words after it up to the next option."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--header" and i + 1 < len(argv):
+            value, rest = argv[i + 1], argv[i + 2 :]
+        elif arg.startswith("--header="):
+            value, rest = arg[len("--header=") :], argv[i + 1 :]
+        else:
+            continue
+        words = []
+        for word in rest:
+            if word.startswith("-"):
+                break
+            words.append(word)
+        out.append((value, words))
+    return out
+
+
+def remember_header_words(argv: list[str]) -> list[str]:
+    """Remember as secrets the words after an unquoted `--header Authorization: Bearer T`.
+
+    Unquoted, the shell splits it: click takes `Authorization:` as the header and
+    reports `Bearer T` as "unexpected extra arguments" (or takes a word as QDIR),
+    quoting the token, before any callback could see it. So before click parses: after
+    a --header value with nothing after its ':' (or no ':' at all) the words up to the
+    next option are remembered. Returns every word after a --header value, for the
+    refusal of extra arguments to mask (`Authorization:Bearer T` leaves `T` there).
+    """
+    after = []
+    for value, words in header_words(argv):
+        if not value.partition(":")[2].strip():
+            for secret in (*words, " ".join(words)):
+                if secret:
+                    remember_secret(secret)
+        after += words
+    return after
+
+
 def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
+    from onceq.http_headers import parse_header_arg
+
     out: dict[str, str] = {}
     for h in headers:
-        name, sep, value = h.partition(":")
-        name = name.strip()
-        if not sep or not name:
-            # The whole text may be a secret: show only what is before the colon.
-            raise UsageError(f"--header {name or '?'}: not 'NAME: VALUE'")
+        try:
+            # A mistyped one is refused showing only its name-ish prefix: the rest of
+            # `X-Api-Key=abc…` or `Authorization Bearer abc…` is a secret.
+            name, value = parse_header_arg(h)
+        except UsageError as exc:
+            raise UsageError(f"--{exc}") from None
 
         def env(match: re.Match[str], name: str = name) -> str:
             if match[1] not in os.environ:
                 raise UsageError(f"--header {name}: environment variable {match[1]} is not set")
             return os.environ[match[1]]
 
-        out[name] = ENV.sub(env, value.strip())
+        if name in out:  # the second would replace the first without a word
+            raise UsageError(f"--header {name}: given twice")
+        out[name] = ENV.sub(env, value)
         # A secret from here on: masked in every line this process prints or logs,
         # whatever echoes it (a partner's error body, an exception, a traceback).
         remember_secret(out[name])
@@ -247,5 +299,6 @@ def build_flow(
                 **args,
             )
         except UsageError as exc:  # "url …", "method: …", "header X: …": name the flag
-            raise UsageError(f"--{exc}") from None
+            text = str(exc).replace("idempotency header ", "idempotency-header ", 1)
+            raise UsageError(f"--{text}") from None
     return Flow(values.get("flow_name") or "default", source, spec, effect).validate()

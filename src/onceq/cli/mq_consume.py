@@ -195,7 +195,7 @@ def _consume_flow(
     flags: dict[str, Any],
 ) -> Any:
     """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
-    from onceq.cli.flow_options import build_flow, is_generic
+    from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
     from onceq.flow import RabbitSource, claims_flow
 
     if claim_url is not None:
@@ -204,6 +204,7 @@ def _consume_flow(
                 "--claim is the claims preset (claim.in, CLAIM/v1/claims); for your own flow"
                 " give --url and --queue instead, not both"
             )
+        check_http_flags(flags, preset=True)
         flow = claims_flow(claim_url, url=url, prefetch=prefetch, timeout=timeout)
         flow.name = flags.get("flow_name") or flow.name
         return flow.validate()
