@@ -43,6 +43,7 @@ from typing import Any
 
 from onceq import faults
 from onceq.amqp.control import ConsumerControl
+from onceq.amqp.copy_cause import Failure, words
 from onceq.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
 from onceq.amqp.retry import publish_copy
 from onceq.amqp.topology import QUEUE, Topology
@@ -320,7 +321,7 @@ class AmqpTransport(ConsumerControl):
         # DELAY: every copy of the group is published (confirms awaited together), and
         # only then is any original acked: never acked before its copy is confirmed.
         delays = [d for d, decision, _ in group if decision is Settle.DELAY]
-        failed: dict[int, str] = {}
+        failed: dict[int, Failure] = {}
         if delays:
             results = await asyncio.gather(*(self._publish_copy(d) for d in delays))
             failed = {id(d): why for d, why in zip(delays, results, strict=True) if why}
@@ -329,13 +330,15 @@ class AmqpTransport(ConsumerControl):
         for delivery, decision, _reason in group:
             await self._settle_one(delivery, decision, failed.get(id(delivery)))
 
-    async def _publish_copy(self, delivery: Delivery) -> str:
+    async def _publish_copy(self, delivery: Delivery) -> Failure | None:
         queue = self.tiers.get(delay_label(delivery.delay))
         if queue is None:  # a policy the transport was not opened with: a bug, not data
-            return f"no retry queue for a {delivery.delay:g}s delay"
+            return Failure("no-tier")
         return await publish_copy(delivery, queue)
 
-    async def _settle_one(self, delivery: Delivery, decision: Settle, failed: str | None) -> None:
+    async def _settle_one(
+        self, delivery: Delivery, decision: Settle, failed: Failure | None
+    ) -> None:
         import aio_pika.exceptions as pe
         import aiormq.exceptions as ae
 
@@ -348,18 +351,21 @@ class AmqpTransport(ConsumerControl):
                 await message.reject(requeue=False)
             else:  # REQUEUE, RELEASE (untried), or a DELAY whose copy was not confirmed
                 if failed is not None:
+                    tier = self.tiers.get(delay_label(delivery.delay), "?")
                     log.warning(
                         "%s (message_id %s): its copy for the %gs retry queue %s was not"
-                        " confirmed (%s); given back to %s instead (declare the tiers:"
-                        " %s)",
+                        " confirmed: %s; given back to %s instead",
                         delivery.ref,
                         delivery.msg_id,
                         delivery.delay,
-                        self.tiers.get(delay_label(delivery.delay), "?"),
-                        failed,
+                        tier,
+                        words(failed, queue=tier, fix=self.topology_command()),
                         self.queue_name,
-                        self.topology_command(),
-                        extra={"event": "retry-copy-unconfirmed", "msg_id": delivery.msg_id},
+                        extra={
+                            "event": "retry-copy-unconfirmed",
+                            "msg_id": delivery.msg_id,
+                            "cause": failed.cause,
+                        },
                     )
                 await message.reject(requeue=True)
             faults.hit("mid-settle")  # acks go one by one: some of the group are sent
