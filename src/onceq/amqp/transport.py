@@ -50,7 +50,7 @@ from onceq.amqp.topology import QUEUE, Topology
 from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.errors import NotFound, redact_url
 from onceq.retry import DEFAULT_DELAYS, delay_label
-from onceq.transport import Delivery, Settle
+from onceq.transport import SETTLE_VERBS, Delivery, Settle
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,8 @@ class AmqpTransport(ConsumerControl):
                 " the broker redelivers it and the ledger knows its outcome",
                 delivery.ref,
                 delivery.msg_id,
-                decision.value,
+                # A DELAY whose copy was not confirmed was a requeue.
+                SETTLE_VERBS[Settle.REQUEUE if decision is Settle.DELAY and failed else decision],
                 type(exc).__name__,
                 extra={"event": "settle-lost", "msg_id": delivery.msg_id},
             )
