@@ -9,14 +9,28 @@ function the transport calls for every DELAY, and `words` the warning's reason.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mq_support import ctl, vhost
+from mq_stub import Script, scripted_partner
+from mq_support import (
+    claim_doc,
+    cli,
+    consumers,
+    count,
+    ctl,
+    queues,
+    start_consumer,
+    vhost,
+    wait_for,
+    write_claims,
+)
 from onceq.amqp.copy_cause import CAUSES, Failure, words
 from onceq.amqp.retry import publish_copy
 
@@ -117,3 +131,37 @@ def test_every_cause_reads_as_one_sentence(cause: str) -> None:
     line = words(Failure(cause, "5s" if cause == "no-confirm" else ""), queue="tier", fix=FIX)
     assert "{" not in line and line.strip() == line
     assert ("declare the tiers" in line) is (cause in ("not-found", "returned"))
+
+
+def test_a_running_consumer_whose_permissions_are_revoked_names_it(
+    amqp_url: str, own_user: tuple[str, str], tmp_path: Path
+) -> None:
+    """End to end: `mq consume` as a user of its own; its permissions revoked while it
+    runs, the first retry copy is refused (403). The line names that, not the tiers
+    (they exist); once they are back, the copy comes back and nothing is lost."""
+    url, user = own_user
+    assert cli(amqp_url, "mq", "topology", "--retry-delays", "1m").returncode == 0
+    db = tmp_path / "p.db"
+    with scripted_partner(Script({}, default=503)) as base:
+        proc = start_consumer(
+            url, base, db, "--retry-delays", "1m", "--immediate-retries", "0",
+            "--no-breaker", policy=(),
+        )  # fmt: skip
+        try:
+            wait_for(lambda: consumers(amqp_url) == 1, 30)
+            ctl("set_permissions", "-p", vhost(amqp_url), user, "", "", "")
+            docs = write_claims(tmp_path / "c", [claim_doc("g1")])
+            assert cli(amqp_url, "mq", "publish", *map(str, docs)).returncode == 0
+            wait_for(lambda: count(db, "failures") >= 1, 30)
+            ctl("set_permissions", "-p", vhost(amqp_url), user, ".*", ".*", ".*")
+            # Given back, then its 2nd and last attempt of a 1-tier policy: dead.
+            wait_for(lambda: queues(amqp_url)["claim.dead"][0] == 1, 60)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    [line] = [x for x in err.splitlines() if "claim.retry.1m" in x and "not confirmed" in x]
+    assert "ACCESS_REFUSED (403)" in line and "declare the tiers" not in line, line
+    for noise in ("Traceback", "Task exception was never retrieved", " at 0x"):
+        assert noise not in err, err
+    assert queues(amqp_url)["claim.in"] == (0, 0)
