@@ -90,6 +90,8 @@ EVENTS: dict[str, str] = {
     "retry-copy-unconfirmed": (
         "a retry tier copy was not confirmed: given back to the queue; `cause` says why"
     ),
+    "channel-closed": "the broker closed the consume channel (403, 404 …; `cause`): reopening it",
+    "channel-reopened": "the consume channel the broker had closed is open again",
     "settle-lost": "an ack/reject could not be sent (channel gone): the broker redelivers",
     "grace-expired": "in-flight deliveries did not finish within the grace: back to the queue",
     # start-up checks

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,9 +137,9 @@ def test_every_cause_reads_as_one_sentence(cause: str) -> None:
 def test_a_running_consumer_whose_permissions_are_revoked_names_it(
     amqp_url: str, own_user: tuple[str, str], tmp_path: Path
 ) -> None:
-    """End to end: `mq consume` as a user of its own; its permissions revoked while it
-    runs, the first retry copy is refused (403). The line names that, not the tiers
-    (they exist); once they are back, the copy comes back and nothing is lost."""
+    """End to end: `mq consume` as a user of its own; its write permission revoked
+    while it runs, the first retry copy is refused (403). The line names that, not the
+    tiers (they exist); the original is given back and nothing is lost."""
     url, user = own_user
     assert cli(amqp_url, "mq", "topology", "--retry-delays", "1m").returncode == 0
     db = tmp_path / "p.db"
@@ -149,19 +150,64 @@ def test_a_running_consumer_whose_permissions_are_revoked_names_it(
         )  # fmt: skip
         try:
             wait_for(lambda: consumers(amqp_url) == 1, 30)
-            ctl("set_permissions", "-p", vhost(amqp_url), user, "", "", "")
+            # Write only: the copy is refused, and the robust channel that the 403
+            # closed reopens and consumes again (read is still allowed).
+            ctl("set_permissions", "-p", vhost(amqp_url), user, ".*", "", ".*")
             docs = write_claims(tmp_path / "c", [claim_doc("g1")])
             assert cli(amqp_url, "mq", "publish", *map(str, docs)).returncode == 0
             wait_for(lambda: count(db, "failures") >= 1, 30)
             ctl("set_permissions", "-p", vhost(amqp_url), user, ".*", ".*", ".*")
             # Given back, then its 2nd and last attempt of a 1-tier policy: dead.
+            dead = True
             wait_for(lambda: queues(amqp_url)["claim.dead"][0] == 1, 60)
+        except AssertionError:
+            dead = False
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert dead and proc.returncode == 0, err
     [line] = [x for x in err.splitlines() if "claim.retry.1m" in x and "not confirmed" in x]
     assert "ACCESS_REFUSED (403)" in line and "declare the tiers" not in line, line
+    for noise in ("Traceback", "Task exception was never retrieved", " at 0x"):
+        assert noise not in err, err
+    assert queues(amqp_url)["claim.in"] == (0, 0)
+
+
+def test_a_consumer_whose_channel_is_closed_for_revoked_permissions_says_so_and_recovers(
+    amqp_url: str, own_user: tuple[str, str], tmp_path: Path
+) -> None:
+    """Every permission revoked: the 403 closes the consume channel, and aio-pika's own
+    reopen (a basic.consume) is refused too. Before, the consumer then idled for ever
+    without a word; now the close is one line naming ACCESS_REFUSED, the channel is
+    reopened once the permissions are back, and the message is handled."""
+    url, user = own_user
+    assert cli(amqp_url, "mq", "topology", "--retry-delays", "1m").returncode == 0
+    db = tmp_path / "p.db"
+    with scripted_partner(Script({}, default=503)) as base:
+        proc = start_consumer(
+            url, base, db, "--retry-delays", "1m", "--immediate-retries", "0",
+            "--no-breaker", policy=(),
+        )  # fmt: skip
+        dead = False
+        try:
+            wait_for(lambda: consumers(amqp_url) == 1, 30)
+            ctl("set_permissions", "-p", vhost(amqp_url), user, "", "", "")
+            docs = write_claims(tmp_path / "c", [claim_doc("g1")])
+            assert cli(amqp_url, "mq", "publish", *map(str, docs)).returncode == 0
+            wait_for(lambda: consumers(amqp_url) == 0 and count(db, "failures") >= 1, 30)
+            time.sleep(1.5)  # aio-pika's own reopen has been refused by now
+            ctl("set_permissions", "-p", vhost(amqp_url), user, ".*", ".*", ".*")
+            wait_for(lambda: queues(amqp_url)["claim.dead"][0] == 1, 60)
+            dead = True
+        except AssertionError:
+            pass
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+    assert dead and proc.returncode == 0, err
+    [closed] = [x for x in err.splitlines() if "closed the consume channel" in x]
+    assert "ACCESS_REFUSED" in closed, closed
+    assert err.count("the consume channel is open again") == 1, err
     for noise in ("Traceback", "Task exception was never retrieved", " at 0x"):
         assert noise not in err, err
     assert queues(amqp_url)["claim.in"] == (0, 0)

@@ -74,13 +74,16 @@ def cause_of(exc: BaseException) -> Failure:
 
 
 def _reply(exc: BaseException) -> str:
-    """The broker's reply text (e.g. "ACCESS_REFUSED - write access to …"), if it gave one."""
-    for arg in getattr(exc, "args", ()):
-        text = getattr(arg, "reply_text", None)
-        if text:
-            return str(text)
-    if len(getattr(exc, "args", ())) >= 2 and isinstance(exc.args[1], str):
-        return exc.args[1]  # aiormq's ChannelClosed(code, text)
+    """The broker's reply text (e.g. "ACCESS_REFUSED - access to …"), if it gave one.
+
+    aiormq builds a 403/404 as `ChannelAccessRefused(reply_text)` and any other close
+    as `ChannelClosed(reply_code, reply_text)`.
+    """
+    args = getattr(exc, "args", ())
+    if len(args) == 1 and isinstance(args[0], str):
+        return args[0]
+    if len(args) >= 2 and isinstance(args[1], str):
+        return args[1]
     return ""
 
 

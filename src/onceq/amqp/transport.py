@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from onceq import faults
+from onceq.amqp.channel_watch import ChannelWatch
 from onceq.amqp.control import ConsumerControl
 from onceq.amqp.copy_cause import Failure, words
 from onceq.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
@@ -114,6 +115,7 @@ class AmqpTransport(ConsumerControl):
         self._seq = itertools.count(1)
         self._connection: Any = None
         self._channel: Any = None
+        self._watch: ChannelWatch | None = None
         self._queue: Any = None
         self._tag: str | None = None  # deliveries for this tag are handed out
         self._active: str | None = None  # the consumer registered on the broker
@@ -181,6 +183,11 @@ class AmqpTransport(ConsumerControl):
         # itself, but an operator watching a silent consumer should know why it idles.
         self._connection.close_callbacks.add(self._on_connection_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
+        # A channel the broker closes (403, 404) and aio-pika fails to reopen would
+        # leave the run idle without a word: said, and reopened until it holds.
+        self._watch = ChannelWatch(
+            self._channel, self.stopped, lambda: self.connected, RECONNECT_INTERVAL
+        )
         # A warning only, so it runs beside the consumer (rabbitmqctl takes ~0.5 s of CPU)
         # rather than in front of it, and only once the run has lasted CTL_AFTER_S; close()
         # cancels it (and kills rabbitmqctl) if still running.
@@ -401,6 +408,8 @@ class AmqpTransport(ConsumerControl):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._cancel_task is not None:
             await asyncio.gather(self._cancel_task, return_exceptions=True)
+        if self._watch is not None:
+            await self._watch.close()
         if self._connection is not None:
             await close_quietly(self._connection)
 
