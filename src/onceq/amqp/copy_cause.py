@@ -24,7 +24,7 @@ CAUSES: dict[str, str] = {
         " vhost (its permissions were changed or revoked: rabbitmqctl list_permissions)"
     ),
     "not-found": "the queue {queue} does not exist (NOT_FOUND 404); declare the tiers: {fix}",
-    "returned": ("the broker returned it unroutable: no queue {queue}; declare the tiers: {fix}"),
+    "returned": "the broker returned it unroutable: no queue {queue}; declare the tiers: {fix}",
     "channel-closed": "its channel or connection closed before the broker confirmed it{detail}",
     "nacked": "the broker nacked it (it did not take the copy{detail})",
     "no-confirm": "no confirm from the broker within {detail}",
