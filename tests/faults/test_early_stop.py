@@ -8,7 +8,8 @@ signal's default action (143 from a shell) whatever the rule said.
 
 Real processes, real signals, sent 0 s to 0.8 s after onceq's first line (the moment
 the process catches SIGTERM, read from /proc: before it Python itself is starting and
-no program can take a signal). After every run: each message is in exactly one place
+no program can take a signal; tests/unit/test_early_signal.py shows that moment is
+the first line of onceq/__init__.py, before click, the flow file or asyncio). After every run: each message is in exactly one place
 (nothing lost), no effect call was made twice (nothing doubled), and a last run
 finishes what the stops left.
 """
@@ -188,3 +189,27 @@ def test_mq_consume_stopped_while_it_starts(
             assert [g for g, n in calls.items() if n > 1] == [], "a claim was called twice"
             ready, unacked = queues(amqp_url)["claim.in"]
             assert unacked == 0 and ready + len(calls) == N, (delay, ready, len(calls))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dirq_consume_stopped_while_it_starts(tmp_path: Path, workers: int) -> None:
+    """A batch: 130/143 when the signal stops it before the inbox is empty (--workers:
+    the parent takes a signal that came before it started any worker)."""
+    q = tmp_path / "q"
+    assert run_cli("dirq", "init", str(q)).returncode == 0
+    n = 4000
+    for i in range(n):
+        doc = {"msg_id": f"m{i:05d}", "order_id": f"O{i}", "amount_cents": 1, "currency": "EUR"}
+        (q / "inbox" / f"m{i:05d}.json").write_text(json.dumps(doc))
+    cmd = [sys.executable, "-m", "onceq", "dirq", "consume", str(q), "--workers", str(workers)]
+    for i, delay in enumerate(DELAYS[:8]):
+        sig = signal.SIGINT if i == 3 else signal.SIGTERM
+        code, err = _stopped_at(cmd, delay, sig)
+        places = _dirq_places(q)
+        assert len(places) == n and set(places.values()) == {1}, delay  # none lost or doubled
+        unfinished = any((q / "inbox").iterdir())
+        assert code == (128 + sig if unfinished else 0), (delay, code, err)
+        assert "Traceback" not in err, err
+    done = run_cli("dirq", "consume", str(q), "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(list((q / "done").iterdir())) + len(list((q / "error").iterdir())) == n
