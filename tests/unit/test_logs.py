@@ -305,3 +305,13 @@ def test_psycopgs_error_ignored_terminating_is_dropped_its_other_lines_are_not()
     assert err.getvalue() == ""
     psycopg_log.warning("some other psycopg warning")
     assert [x["message"] for x in lines(err)] == ["some other psycopg warning"]
+
+
+def test_a_retry_copys_cause_is_a_field_of_its_json_line() -> None:
+    err = json_setup("info")
+    logging.getLogger("onceq.amqp.transport").warning(
+        "its copy was not confirmed",
+        extra={"event": "retry-copy-unconfirmed", "msg_id": "m-1", "cause": "access-refused"},
+    )
+    (line,) = lines(err)
+    assert line["event"] == "retry-copy-unconfirmed" and line["cause"] == "access-refused"
