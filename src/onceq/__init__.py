@@ -10,7 +10,14 @@ The public names are exactly `__all__` (tests/unit/test_public_api.py fixes the
 list): anything else under `onceq.` may change without notice.
 """
 
+# ruff: noqa: E402  (the early catch below comes before every other import)
 from __future__ import annotations
+
+# First, before any other import: the `onceq run/mq consume/dirq consume` command keeps
+# a stop signal that comes while it starts (onceq.early), instead of dying with 143.
+from onceq.early import catch_for_command as _catch_early
+
+_catch_early()
 
 import importlib
 from typing import TYPE_CHECKING, Any

@@ -88,7 +88,11 @@ EVENTS: dict[str, str] = {
     "pause-failed": "pausing the consumer (breaker open) failed: the broker returns them",
     "resume-failed": "resuming the consumer failed: tried again in 1 s",
     "probe-failed": "the breaker's probe (basic.get) failed: tried again",
-    "retry-copy-unconfirmed": "a retry tier copy was not confirmed: given back to the queue",
+    "retry-copy-unconfirmed": (
+        "a retry tier copy was not confirmed: given back to the queue; `cause` says why"
+    ),
+    "channel-closed": "the broker closed the consume channel (403, 404 …; `cause`): reopening it",
+    "channel-reopened": "the consume channel the broker had closed is open again",
     "settle-lost": "an ack/reject could not be sent (channel gone): the broker redelivers",
     "grace-expired": "in-flight deliveries did not finish within the grace: back to the queue",
     # start-up checks
@@ -126,7 +130,7 @@ FLOW: contextvars.ContextVar[str | None] = contextvars.ContextVar("onceq_flow", 
 
 _format = "human"
 # Fields of a record's `extra` a JSON line carries, besides the fixed ones.
-EXTRA_FIELDS = ("msg_id", "reason", "attempt", "delay", "ref")
+EXTRA_FIELDS = ("msg_id", "reason", "attempt", "delay", "ref", "cause")
 _messages = logging.getLogger("onceq.messages")
 
 
@@ -210,6 +214,22 @@ def _masked(value: Any) -> Any:
     return redact_text(value if isinstance(value, str) else str(value))
 
 
+# A library's line that repeats what onceq reports itself, by (logger, message start),
+# and why it is dropped. psycopg: a pipeline or COPY block whose session was terminated
+# (pg_terminate_backend, a failover) raised; closing it fails too and psycopg logs that
+# second error with the object's repr (`<psycopg.AsyncPipeline [BAD] at 0x…>`). The
+# first error is the one onceq reports ("ledger … connection lost", onceq.pg).
+LIBRARY_NOISE: dict[tuple[str, str], str] = {
+    ("psycopg", "error ignored terminating"): "the block's own error is reported by onceq",
+}
+
+
+def _library_noise(record: logging.LogRecord) -> bool:
+    """False for a record of LIBRARY_NOISE (the handler then drops it)."""
+    msg = str(record.msg)
+    return not any(record.name == name and msg.startswith(start) for name, start in LIBRARY_NOISE)
+
+
 def setup(fmt: str = "human", level: str = "warning") -> None:
     """One stderr handler in `fmt` ("human" | "json") at `level`, for every logger.
 
@@ -223,6 +243,7 @@ def setup(fmt: str = "human", level: str = "warning") -> None:
     _format = fmt
     handler = logging.StreamHandler()
     handler.addFilter(_FlowFilter())
+    handler.addFilter(_library_noise)
     handler.setFormatter(JsonFormatter() if fmt == "json" else RedactingFormatter(HUMAN))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -13,6 +13,8 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
+from onceq import early
+
 __all__ = ["STOP_SIGNALS", "Stop"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -98,6 +100,11 @@ class Stop:
         # A --workers child starts with them blocked, so that none is lost or fatal
         # before this point; from here on they stop the run cleanly.
         mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self._installed)
+        # A signal that came before this loop (while the command loaded its flows,
+        # bound its port, started asyncio: onceq.early kept it) stops the run now, as
+        # if it had come on the first turn of the loop.
+        for s in early.take():
+            self.on_signal(s)
         try:
             yield self
         finally:
@@ -107,4 +114,12 @@ class Stop:
     def _uninstall(self) -> None:
         for s in getattr(self, "_installed", []):
             self._loop.remove_signal_handler(s)
+        if getattr(self, "_installed", []) and early.active():
+            # The command still prints its summary: a first signal then is kept (the
+            # run's exit code is already decided); after a stop, a second one ends
+            # the process at once, as it would have inside the loop.
+            if self.signals:
+                early.release()
+            else:
+                early.catch()
         self._installed = []

@@ -53,6 +53,17 @@ class Settle(enum.Enum):
     RELEASE = "release"
 
 
+# What settling does, as a verb: "could not {verb}" in a log line reads as English
+# ("could not dead-letter", never "could not dead").
+SETTLE_VERBS: dict[Settle, str] = {
+    Settle.ACK: "ack",
+    Settle.REQUEUE: "requeue",
+    Settle.DELAY: "ack (its copy is in its retry queue)",
+    Settle.DEAD: "dead-letter",
+    Settle.RELEASE: "give back (release)",
+}
+
+
 class Transport(Protocol):
     """What the consume loop needs from a queue.
 

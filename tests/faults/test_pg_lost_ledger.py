@@ -199,6 +199,9 @@ def test_a_ledger_lost_mid_run_holds_the_commits_and_loses_nothing(
     for err in errs:
         assert SECRET not in err
         assert err.count("connection lost") >= 1 and "reconnected after" in err, err
+        # psycopg's own note on the terminated session's pipeline is not passed on.
+        for noise in ("AsyncPipeline", " at 0x", "Task exception was never retrieved"):
+            assert noise not in err, err
 
 
 def test_claims_arriving_while_the_ledger_is_away_are_held_and_the_consumer_pauses(
@@ -237,4 +240,6 @@ def test_claims_arriving_while_the_ledger_is_away_are_held_and_the_consumer_paus
     (err,) = errs
     assert SECRET not in err
     assert err.count("holding messages until it answers") == 1, err
+    for noise in ("AsyncPipeline", " at 0x", "Task exception was never retrieved"):
+        assert noise not in err, err
     assert err.count("answers again after") == 1, err

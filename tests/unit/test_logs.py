@@ -289,3 +289,29 @@ def test_every_outcome_the_counters_know_has_its_event() -> None:
 
     assert set(logs.OUTCOME_EVENTS) == set(OUTCOMES)
     assert {e for e in logs.OUTCOME_EVENTS.values() if e} <= set(logs.EVENTS)
+
+
+class _BadPipeline:
+    def __repr__(self) -> str:
+        return "<psycopg.AsyncPipeline [BAD] at 0x7f00deadbeef>"
+
+
+def test_psycopgs_error_ignored_terminating_is_dropped_its_other_lines_are_not() -> None:
+    """A terminated session's pipeline: psycopg's second error, with the object's repr,
+    repeats what onceq reports ("connection lost"): no line, in either format."""
+    err = json_setup("info")
+    psycopg_log = logging.getLogger("psycopg")
+    psycopg_log.warning("error ignored terminating %r: %s", _BadPipeline(), "server closed")
+    assert err.getvalue() == ""
+    psycopg_log.warning("some other psycopg warning")
+    assert [x["message"] for x in lines(err)] == ["some other psycopg warning"]
+
+
+def test_a_retry_copys_cause_is_a_field_of_its_json_line() -> None:
+    err = json_setup("info")
+    logging.getLogger("onceq.amqp.transport").warning(
+        "its copy was not confirmed",
+        extra={"event": "retry-copy-unconfirmed", "msg_id": "m-1", "cause": "access-refused"},
+    )
+    (line,) = lines(err)
+    assert line["event"] == "retry-copy-unconfirmed" and line["cause"] == "access-refused"

@@ -197,43 +197,47 @@ async def _consume_flow(
         call_timeout=getattr(flow.effect, "timeout", None),
     )
     ledger: Any = None  # Ledger | PgLedger (onceq.ledger_target.open_ledger)
+    # From before the broker is asked: a signal while it connects or the ledger opens
+    # stops the run as one during consuming does (exit 0, or 130/143 for a batch).
     signals = stop.installed() if own_signals else contextlib.nullcontext(stop)
     try:
-        # Broker first, then the ledger, then consuming: a run that the broker refuses
-        # (down, no vhost, no queue) leaves no ledger file behind, and a bad --db is
-        # still reported before any delivery is taken.
-        await transport.open()
-        if before_ledger is not None:
-            await before_ledger()
-        ledger = open_ledger(flow, opts.db, "amqp")
-        if ledger.created and on_new_ledger is not None:
-            on_new_ledger(opts.db)
-        await transport.start()
-        consumer = Consumer(
-            transport,
-            ledger,
-            flow.message.decode,
-            handler or no_effect,
-            # The broker bounds unacked deliveries by prefetch; the loop handles as many
-            # at once, so a slow partner sees prefetch calls in parallel.
-            max_in_flight=src.prefetch,
-            max_group=max(src.prefetch, 1),
-            on_settled=on_settled,
-            # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing
-            # is held unacked for a delay (the broker's consumer_timeout, 30 min by
-            # default, would close the channel), so the grace below covers it.
-            retry=retry,
-            breaker=flow.breaker_policy(),
-        )
-        # The first signal stops cleanly (in-flight calls finish, bounded by the grace).
-        # A second one is an operator who will not wait: stop at once. Nothing is lost:
-        # unsettled deliveries return to the queue when the channel closes, and the
-        # ledger skips the ones whose record was already durable. consumer.stop, not
-        # transport.stop: a real stop also means no new call starts for deliveries
-        # received but not yet called.
-        stop.add(consumer.stop, stopped=transport.stopped.is_set)
-        async with telemetry.track(flow, consumer, transport):
-            with signals:
+        with signals:
+            # Broker first, then the ledger, then consuming: a run that the broker refuses
+            # (down, no vhost, no queue) leaves no ledger file behind, and a bad --db is
+            # still reported before any delivery is taken.
+            await transport.open()
+            if before_ledger is not None:
+                await before_ledger()
+            if stop.requested:  # stopped while it started: nothing taken, no ledger made
+                return _result(Stats(), transport, opts, stop.signals, False)
+            ledger = open_ledger(flow, opts.db, "amqp")
+            if ledger.created and on_new_ledger is not None:
+                on_new_ledger(opts.db)
+            await transport.start()
+            consumer = Consumer(
+                transport,
+                ledger,
+                flow.message.decode,
+                handler or no_effect,
+                # The broker bounds unacked deliveries by prefetch; the loop handles as many
+                # at once, so a slow partner sees prefetch calls in parallel.
+                max_in_flight=src.prefetch,
+                max_group=max(src.prefetch, 1),
+                on_settled=on_settled,
+                # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing
+                # is held unacked for a delay (the broker's consumer_timeout, 30 min by
+                # default, would close the channel), so the grace below covers it.
+                retry=retry,
+                breaker=flow.breaker_policy(),
+            )
+            # The first signal stops cleanly (in-flight calls finish, bounded by the grace).
+            # A second one is an operator who will not wait: stop at once. Nothing is lost:
+            # unsettled deliveries return to the queue when the channel closes, and the
+            # ledger skips the ones whose record was already durable. consumer.stop, not
+            # transport.stop: a real stop also means no new call starts for deliveries
+            # received but not yet called.
+            stop.add(consumer.stop, stopped=transport.stopped.is_set)
+            async with telemetry.track(flow, consumer, transport):
                 return await _drive(consumer, transport, opts, stop)
     finally:
         await transport.close()

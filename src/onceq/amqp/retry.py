@@ -48,6 +48,7 @@ import asyncio
 import logging
 from typing import Any
 
+from onceq.amqp.copy_cause import Failure, cause_of, from_result
 from onceq.transport import Delivery
 
 log = logging.getLogger(__name__)
@@ -90,14 +91,15 @@ def copy_properties(message: Any, msg_id: str | None) -> Any:
     )
 
 
-async def publish_copy(delivery: Delivery, queue: str, timeout: float = CONFIRM_TIMEOUT) -> str:
+async def publish_copy(
+    delivery: Delivery, queue: str, timeout: float = CONFIRM_TIMEOUT
+) -> Failure | None:
     """Publish `delivery`'s copy to `queue` (default exchange), mandatory and confirmed.
 
-    Returns '' once the broker confirmed it, else why not (the caller then gives the
-    original back instead of acking it). Never raises for a broker's answer.
+    Returns None once the broker confirmed it, else why not (onceq.amqp.copy_cause:
+    the caller then gives the original back instead of acking it, and says why).
+    Never raises for a broker's answer.
     """
-    from aiormq import spec
-
     message = delivery.token
     try:
         # The channel that delivered the original: if it is gone the broker has put the
@@ -112,17 +114,26 @@ async def publish_copy(delivery: Delivery, queue: str, timeout: float = CONFIRM_
             timeout=timeout,
         )
     except TimeoutError:
-        return f"no confirm within {timeout:g}s"
-    except asyncio.CancelledError:
+        return Failure("no-confirm", f"{timeout:g}s")
+    except asyncio.CancelledError as exc:
         # aiormq cancels a publish whose channel closes under it; only a cancellation of
-        # this task itself (a hard stop) is passed on.
+        # this task itself (a hard stop) is passed on. The channel's own close reason
+        # (403 after revoked permissions, 404) names the cause when it has one.
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
-        return "channel closed"
-    except Exception as exc:  # nacked (DeliveryError), channel closed, connection lost
-        return type(exc).__name__
-    if isinstance(result, spec.Basic.Ack):
-        return ""
-    # A returned message (mandatory, no such queue) comes back as the message itself.
-    return "returned: no such queue" if result is not None else "not confirmed"
+        return _closed_reason(message) or cause_of(exc)
+    except Exception as exc:  # 403/404 closing the channel, nacked, returned, closed
+        return cause_of(exc)
+    return from_result(result)
+
+
+def _closed_reason(message: Any) -> Failure | None:
+    """Why the delivering channel closed, when the broker said (403, 404: a ChannelClosed)."""
+    channel = getattr(message, "_IncomingMessage__channel", None)  # aio-pika keeps it private
+    closing = getattr(channel, "_closing", None)
+    if isinstance(closing, asyncio.Future) and closing.done() and not closing.cancelled():
+        reason = closing.exception()
+        if reason is not None:
+            return cause_of(reason)
+    return None

@@ -42,7 +42,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from onceq import faults
+from onceq.amqp.channel_watch import ChannelWatch
 from onceq.amqp.control import ConsumerControl
+from onceq.amqp.copy_cause import Failure, words
 from onceq.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
 from onceq.amqp.retry import publish_copy
 from onceq.amqp.topology import QUEUE, Topology
@@ -50,7 +52,7 @@ from onceq.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq.amqp.wire import verdict
 from onceq.errors import NotFound, redact_url
 from onceq.retry import DEFAULT_DELAYS, delay_label
-from onceq.transport import Delivery, Settle
+from onceq.transport import SETTLE_VERBS, Delivery, Settle
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ class AmqpTransport(ConsumerControl):
         self._seq = itertools.count(1)
         self._connection: Any = None
         self._channel: Any = None
+        self._watch: ChannelWatch | None = None
         self._queue: Any = None
         self._tag: str | None = None  # deliveries for this tag are handed out
         self._active: str | None = None  # the consumer registered on the broker
@@ -182,6 +185,11 @@ class AmqpTransport(ConsumerControl):
         # itself, but an operator watching a silent consumer should know why it idles.
         self._connection.close_callbacks.add(self._on_connection_lost)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
+        # A channel the broker closes (403, 404) and aio-pika fails to reopen would
+        # leave the run idle without a word: said, and reopened until it holds.
+        self._watch = ChannelWatch(
+            self._channel, self.stopped, lambda: self.connected, RECONNECT_INTERVAL
+        )
         # A warning only, so it runs beside the consumer (rabbitmqctl takes ~0.5 s of CPU)
         # rather than in front of it, and only once the run has lasted CTL_AFTER_S; close()
         # cancels it (and kills rabbitmqctl) if still running.
@@ -324,7 +332,7 @@ class AmqpTransport(ConsumerControl):
         # DELAY: every copy of the group is published (confirms awaited together), and
         # only then is any original acked: never acked before its copy is confirmed.
         delays = [d for d, decision, _ in group if decision is Settle.DELAY]
-        failed: dict[int, str] = {}
+        failed: dict[int, Failure] = {}
         if delays:
             results = await asyncio.gather(*(self._publish_copy(d) for d in delays))
             failed = {id(d): why for d, why in zip(delays, results, strict=True) if why}
@@ -333,13 +341,15 @@ class AmqpTransport(ConsumerControl):
         for delivery, decision, _reason in group:
             await self._settle_one(delivery, decision, failed.get(id(delivery)))
 
-    async def _publish_copy(self, delivery: Delivery) -> str:
+    async def _publish_copy(self, delivery: Delivery) -> Failure | None:
         queue = self.tiers.get(delay_label(delivery.delay))
         if queue is None:  # a policy the transport was not opened with: a bug, not data
-            return f"no retry queue for a {delivery.delay:g}s delay"
+            return Failure("no-tier")
         return await publish_copy(delivery, queue)
 
-    async def _settle_one(self, delivery: Delivery, decision: Settle, failed: str | None) -> None:
+    async def _settle_one(
+        self, delivery: Delivery, decision: Settle, failed: Failure | None
+    ) -> None:
         import aio_pika.exceptions as pe
         import aiormq.exceptions as ae
 
@@ -352,18 +362,21 @@ class AmqpTransport(ConsumerControl):
                 await message.reject(requeue=False)
             else:  # REQUEUE, RELEASE (untried), or a DELAY whose copy was not confirmed
                 if failed is not None:
+                    tier = self.tiers.get(delay_label(delivery.delay), "?")
                     log.warning(
                         "%s (message_id %s): its copy for the %gs retry queue %s was not"
-                        " confirmed (%s); given back to %s instead (declare the tiers:"
-                        " %s)",
+                        " confirmed: %s; given back to %s instead",
                         delivery.ref,
                         delivery.msg_id,
                         delivery.delay,
-                        self.tiers.get(delay_label(delivery.delay), "?"),
-                        failed,
+                        tier,
+                        words(failed, queue=tier, fix=self.topology_command()),
                         self.queue_name,
-                        self.topology_command(),
-                        extra={"event": "retry-copy-unconfirmed", "msg_id": delivery.msg_id},
+                        extra={
+                            "event": "retry-copy-unconfirmed",
+                            "msg_id": delivery.msg_id,
+                            "cause": failed.cause,
+                        },
                     )
                 await message.reject(requeue=True)
             faults.hit("mid-settle")  # acks go one by one: some of the group are sent
@@ -380,7 +393,8 @@ class AmqpTransport(ConsumerControl):
                 " the broker redelivers it and the ledger knows its outcome",
                 delivery.ref,
                 delivery.msg_id,
-                decision.value,
+                # A DELAY whose copy was not confirmed was a requeue.
+                SETTLE_VERBS[Settle.REQUEUE if decision is Settle.DELAY and failed else decision],
                 type(exc).__name__,
                 extra={"event": "settle-lost", "msg_id": delivery.msg_id},
             )
@@ -398,6 +412,8 @@ class AmqpTransport(ConsumerControl):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._cancel_task is not None:
             await asyncio.gather(self._cancel_task, return_exceptions=True)
+        if self._watch is not None:
+            await self._watch.close()
         if self._connection is not None:
             await close_quietly(self._connection)
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceq import errors
+from onceq import early, errors
 from onceq.consumer import Consumer, Stats
 from onceq.dirq.queue import DirQueue
 from onceq.dirq.worker import Worker
@@ -154,6 +154,8 @@ async def _consume_dir(
     queue = DirQueue(flow.source.path).check()
     if before_ledger is not None:
         await before_ledger()
+    if stop.requested:  # stopped while it started: nothing claimed, no ledger made
+        return Stats(dead_word=DEAD_WORD)
     handler = flow.handler()
     try:
         with (
@@ -268,13 +270,17 @@ def consume_parallel(
     # its own handler is in place nor the parent while workers run; the parent takes
     # them with sigtimedwait and forwards them.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    stopped_by: list[int] = []
+    # A signal that came while this command started (onceq.early kept it): no worker
+    # is started, the run ends as stopped before it finished (130/143).
+    stopped_by: list[int] = early.take()
+    results: list[tuple[Any, ...]] = []
     try:
         tel.expect_children(flow, workers)
-        for p in procs:
-            p.start()
-        with tel.serving_in_thread():
-            results = _collect(procs, out, stopped_by, tel)
+        if not stopped_by:
+            for p in procs:
+                p.start()
+            with tel.serving_in_thread():
+                results = _collect(procs, out, stopped_by, tel)
     finally:
         # Take a signal that came after the last report before unblocking: it belongs
         # to this run (it is reported below), not to whatever the caller does next.
