@@ -17,6 +17,7 @@ from typing import Any
 
 from onceq.amqp.topology import Topology
 from onceq.amqp.transport import COPY_HEADER
+from onceq.amqp.wire import verdict
 from onceq.errors import UsageError
 from onceq.ledger_values import text
 from onceq.message import _split, get_path
@@ -265,8 +266,10 @@ def republish_problem(letter: DeadLetter) -> str:
     refuses is named too, so the letter stays where it is instead of the command
     failing half-way.
     """
-    if letter.refused is not None:
-        return letter.refused[1]
+    # The listing fills `refused`; a letter made another way is asked the same question.
+    refused = letter.refused if letter.refused is not None else verdict(letter.properties)
+    if refused is not None:
+        return refused[1]
     try:
         replay_properties(letter, None).marshal()
     except Exception as exc:  # whatever pamqp's encoder refuses: that letter's problem
