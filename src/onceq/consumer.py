@@ -29,6 +29,13 @@ one settle, but no settle ever precedes the commit of its own record.
 Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the
 transport paused while the circuit breaker is open or the ledger is away (a read
 raised `LedgerUnavailable`): `onceq.holds`.
+
+Between 5 and 6 each verdict goes, in the order it is reached, to the
+misconfiguration guard (`onceq.misconfig`) when the flow has one. When the first N
+verdicts all failed permanently for the same reason it trips: the transport takes
+nothing more, no new call starts, and every copy received but not yet decided is
+HELD (back to the queue untried); calls already under way finish and their
+verdicts stand, so at most N + the calls in flight are dead-lettered.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from onceq.holds import Holds
 from onceq.inflight import Checked, InflightGuard, Leases, guard_for
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
+from onceq.misconfig import GUARD_HELD, MisconfigGuard
 from onceq.retry import BreakerPolicy, RetryPolicy
 from onceq.stats import COUNTS, Stats
 from onceq.transport import Delivery, Kind, Transport
@@ -120,6 +128,7 @@ class Consumer:
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
         inflight: Callable[[Any], InflightGuard | None] = guard_for,
+        guard: MisconfigGuard | None = None,
     ) -> None:
         self.transport = transport
         self.ledger = ledger
@@ -141,6 +150,7 @@ class Consumer:
         self.breaker = self.holds.breaker
         self.leases = Leases(inflight)  # opened by `run` when there is a call
         self.on_settled = on_settled
+        self.guard = guard  # the misconfiguration guard (None: off)
         self.stats = Stats()
         # Set by a watcher (onceq.telemetry) to time each call: None costs one check.
         self.effect_timer: Any = None  # onceq.metrics.Durations | None
@@ -175,7 +185,8 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    entry = self._entry(delivery, self._decode(delivery))
+                    decided = self._judged(delivery, self._decode(delivery), called=False)
+                    entry = self._entry(delivery, decided)
                     self._pending.put_nowait((entry, None))
                     continue
                 t = asyncio.create_task(self._handle(delivery))
@@ -274,8 +285,9 @@ class Consumer:
                 outcome = await self._effect(d, decoded, checked)
                 if outcome is None:
                     return  # stopped while held: unsettled, as above
+                outcome = self._judged(d, outcome, called=True)
             else:
-                outcome = decoded
+                outcome = self._judged(d, decoded, called=False)
             done = asyncio.Event()
             await self._pending.put((self._entry(d, outcome), done))
             await done.wait()
@@ -325,6 +337,8 @@ class Consumer:
         """The call's outcome; HELD when none may start (the breaker is open, the ledger
         away); None when stopped. `checked`: the guard's duplicate check, if it did one."""
         assert d.msg_id is not None
+        if self.guard is not None and self.guard.tripped:
+            return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
         # off the loop; a ledger without it (a user's) answers on the loop.
         read = getattr(self.ledger, "aprocessed_ref", None)
@@ -362,6 +376,24 @@ class Consumer:
         if self.breaker is not None:
             self.breaker.record(d.msg_id, outcome)
         return outcome
+
+    def _judged(self, d: Delivery, o: Outcome, *, called: bool) -> Outcome:
+        """The verdict, after the misconfiguration guard has seen it (module docstring).
+
+        Once the guard has tripped, a verdict reached without a call (a decoder's
+        rejection, a ledger row being the whole effect) is not taken: the copy is
+        HELD, back to the queue untouched. A call's verdict stands: the partner has
+        answered, and what it answered is recorded.
+        """
+        guard = self.guard
+        if guard is None:
+            return o
+        if guard.tripped and not called:
+            return Outcome(Kind.HELD, GUARD_HELD)
+        if guard.feed(o.kind, o.reason, o.detail, d.body):
+            self.stats.misconfigured = guard.hint()
+            self.transport.stop()  # take nothing more; what is held is settled
+        return o
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1

@@ -11,7 +11,13 @@ from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
-from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
+from onceq.cli.retry_options import (
+    BREAKER_KEYS,
+    GUARD_KEYS,
+    RETRY_KEYS,
+    apply_retry,
+    retry_options,
+)
 from onceq.errors import UsageError
 from onceq.ledger_target import Target, describe
 
@@ -151,7 +157,9 @@ def consume(
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
     telemetry = telemetry_for(ops)
-    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
+    retry_values = {
+        k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS, *GUARD_KEYS) if k in flags
+    }
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
     flow = apply_retry(flow, retry_values)
     opts = ConsumeOptions(
@@ -176,6 +184,11 @@ def consume(
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db, qname)
+    from onceq.misconfig import run_error
+
+    policy = flow.guard_policy()
+    if result.stats.misconfigured:  # before "not drained": the guard is why it stopped
+        raise run_error(policy, result.stats, batch=until_empty, where=qname)  # type: ignore[misc]
     if until_empty and not result.drained:
         _unfinished_batch(result.signal, max_seconds, qname)
     if result.aborted:
@@ -183,6 +196,11 @@ def consume(
         # 130 SIGINT, 143 SIGTERM): the run did not finish its in-flight claims.
         fail(f"interrupted by a second signal; in-flight messages return to {qname}")
         raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
+    # A service that is stopped ends 0 whatever it saw; a drained batch whose every
+    # message failed ends 11 (not the claims preset: the exercise's rule).
+    error = run_error(policy, result.stats, batch=until_empty, where=qname)
+    if error is not None:
+        raise error
 
 
 def _consume_flow(

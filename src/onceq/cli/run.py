@@ -216,3 +216,9 @@ def run(
             sys.exit(128 + report.signal)
         fail(f"{file}: not every source was empty within --max-seconds {max_seconds:g}")
         sys.exit(1)
+    if until_empty:
+        from onceq.runner import all_failed_error
+
+        error = all_failed_error(report, ff.flows)
+        if error is not None:
+            raise error  # one line, exit 11
