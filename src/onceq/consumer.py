@@ -337,7 +337,7 @@ class Consumer:
         """The call's outcome; HELD when none may start (the breaker is open, the ledger
         away); None when stopped. `checked`: the guard's duplicate check, if it did one."""
         assert d.msg_id is not None
-        if self.guard is not None and self.guard.tripped:
+        if self.guard is not None and self.guard.stopped:
             return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
         # off the loop; a ledger without it (a user's) answers on the loop.
@@ -388,12 +388,17 @@ class Consumer:
         guard = self.guard
         if guard is None:
             return o
-        if guard.tripped and not called:
-            return Outcome(Kind.HELD, GUARD_HELD)
+        if guard.stopped:  # here, or by a sibling process: take nothing more
+            if not self.stats.misconfigured:
+                self._guard_stop(guard)
+            return o if called else Outcome(Kind.HELD, GUARD_HELD)
         if guard.feed(o.kind, o.reason, o.detail, d.body):
-            self.stats.misconfigured = guard.hint()
-            self.transport.stop()  # take nothing more; what is held is settled
+            self._guard_stop(guard)
         return o
+
+    def _guard_stop(self, guard: MisconfigGuard) -> None:
+        self.stats.misconfigured = guard.hint()
+        self.transport.stop()  # claim nothing more; what is held is settled
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1

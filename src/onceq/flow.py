@@ -164,14 +164,17 @@ class Flow:
 
     def misconfig_guard(self) -> MisconfigGuard | None:
         """A fresh guard for one consumer's run; None when the flow's is off."""
-        from onceq.misconfig import MisconfigGuard
+        from onceq.misconfig import MisconfigGuard, Tally
 
         policy = self.guard_policy()
         if not policy.enabled:
             return None
         url = getattr(self.effect, "url", None)
         return MisconfigGuard(
-            policy, url=url if isinstance(url, str) else None, id_field=self.message.id_field
+            policy,
+            url=url if isinstance(url, str) else None,
+            id_field=self.message.id_field,
+            tally=policy.shared or Tally(),
         )
 
     def handler(self) -> Handler | None:

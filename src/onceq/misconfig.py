@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from onceq.errors import OnceqError, UsageError, redact_url
 from onceq.transport import Kind
@@ -58,6 +58,8 @@ class GuardPolicy:
     enabled: bool = True
     failures: int = DEFAULT_FAILURES
     exercise: bool = False
+    # Set only inside a --workers child: the count its siblings share (not config).
+    shared: Tally | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int):
@@ -96,24 +98,119 @@ def _name(key: str) -> str:
     return text if len(text) <= MAX_KEY_CHARS else text[: MAX_KEY_CHARS - 1] + "…"
 
 
+ARMED, DISARMED, TRIPPED = 0, 1, 2
+
+
+class Tally:
+    """The run's count of first failures alike, and its state (ARMED, DISARMED, TRIPPED).
+
+    One consumer's own by default. The --workers children of one `dirq consume` share
+    a `SharedTally` instead: "the first N" are then the first N verdicts of the whole
+    run, whichever child reached them.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.reason = ""
+        self.state = ARMED
+        self.hint = ""  # the tripping consumer's hint, for every consumer of the run
+
+    def add(self, reason: str, failures: int) -> int:
+        """One more permanent failure for `reason`; the state after it."""
+        if self.state == ARMED:
+            if self.count and reason != self.reason:
+                self.state = DISARMED
+            else:
+                self.reason, self.count = reason, self.count + 1
+                if self.count >= failures:
+                    self.state = TRIPPED
+        return self.state
+
+    def disarm(self) -> None:
+        if self.state == ARMED:
+            self.state = DISARMED
+
+
+class SharedTally(Tally):
+    """A Tally in shared memory for forked consumer processes (one lock, three values)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._lock = ctx.Lock()
+        self._count = ctx.RawValue("i", 0)
+        self._state = ctx.RawValue("i", ARMED)
+        self._reason = ctx.RawArray("c", 64)  # a reason is a short ASCII word
+        self._hint = ctx.RawArray("c", 4096)
+
+    @property  # type: ignore[override]
+    def count(self) -> int:
+        return int(self._count.value)
+
+    @property  # type: ignore[override]
+    def state(self) -> int:
+        return int(self._state.value)
+
+    @property  # type: ignore[override]
+    def reason(self) -> str:
+        return bytes(self._reason.value).decode("ascii", "replace")
+
+    @property  # type: ignore[override]
+    def hint(self) -> str:
+        return bytes(self._hint.value).decode("utf-8", "replace")
+
+    @hint.setter
+    def hint(self, text: str) -> None:
+        self._hint.value = text.encode("utf-8", "replace")[:4095]
+
+    def add(self, reason: str, failures: int) -> int:
+        with self._lock:
+            if self._state.value == ARMED:
+                word = reason.encode("ascii", "replace")[:63]
+                if self._count.value and word != self._reason.value:
+                    self._state.value = DISARMED
+                else:
+                    self._reason.value = word
+                    self._count.value += 1
+                    if self._count.value >= failures:
+                        self._state.value = TRIPPED
+            return int(self._state.value)
+
+    def disarm(self) -> None:
+        with self._lock:
+            if self._state.value == ARMED:
+                self._state.value = DISARMED
+
+
 @dataclass
 class MisconfigGuard:
     """The decision for one consumer's run (see the module). `url`: the effect's URL,
-    named in a 404/401/403 hint (its password masked); `id_field`: the flow's id."""
+    named in a 404/401/403 hint (its password masked); `id_field`: the flow's id;
+    `tally`: where the count is kept (shared by the --workers of one run)."""
 
     policy: GuardPolicy = field(default_factory=GuardPolicy)
     url: str | None = None
     id_field: str | None = None
-    count: int = 0
+    tally: Tally = field(default_factory=Tally)
     reason: str = ""
     disarmed: bool = False
     tripped: bool = False
+    tripped_here: bool = False  # by this consumer's own verdict (not a sibling's)
     missing: set[str] | None = None  # missing-field: the fields every failure lacked
     keys: set[str] = field(default_factory=set)  # the failures' top-level keys
 
     @property
+    def count(self) -> int:
+        return self.tally.count
+
+    @property
     def armed(self) -> bool:
         return self.policy.enabled and not self.disarmed and not self.tripped
+
+    @property
+    def stopped(self) -> bool:
+        """Tripped, here or by another consumer of the run (a shared tally)."""
+        if not self.tripped and self.policy.enabled and self.tally.state == TRIPPED:
+            self.tripped = True
+        return self.tripped
 
     def feed(
         self, kind: Kind, reason: str = "", detail: str = "", body: bytes | None = None
@@ -121,28 +218,46 @@ class MisconfigGuard:
         """One verdict, in the order the loop reached it; True when this one trips the guard."""
         if not self.armed or kind is Kind.HELD:
             return False
-        if kind is not Kind.REJECTED or (self.count and reason != self.reason):
-            self.disarmed = True
-            return False
+        state = self.tally.state
+        if state != ARMED:  # another consumer of the run decided first
+            self.tripped, self.disarmed = state == TRIPPED, state == DISARMED
+            return self.tripped
+        if kind is not Kind.REJECTED or (self.reason and reason != self.reason):
+            return self._disarm()
         if reason == "missing-field":
             fields = {f for f in detail.split(",") if f}
             self.missing = fields if self.missing is None else self.missing & fields
             if not self.missing:  # no field missing from all of them: not one cause
-                self.disarmed = True
-                return False
+                return self._disarm()
         if reason in ("missing-field", "missing-id"):
             self.keys.update(top_level_keys(body))
         self.reason = reason
-        self.count += 1
-        if self.count >= self.policy.failures:
-            self.tripped = True
+        state = self.tally.add(reason, self.policy.failures)
+        self.tripped, self.disarmed = state == TRIPPED, state == DISARMED
+        self.tripped_here = self.tripped
         return self.tripped
 
+    def _disarm(self) -> bool:
+        self.disarmed = True
+        self.tally.disarm()
+        return False
+
     def hint(self) -> str:
-        """One line: what is probably misconfigured (only meaningful once tripped)."""
-        head = f"the first {self.count} message(s) all failed with {self.reason}"
+        """One line: what is probably misconfigured (only meaningful once tripped).
+
+        The tripping consumer's, when another consumer of the run tripped first (it
+        saw the messages: their fields, the missing one).
+        """
+        if self.tripped_here:
+            self.tally.hint = self._hint()
+            return self.tally.hint
+        return self.tally.hint or self._hint()
+
+    def _hint(self) -> str:
+        reason = self.reason or self.tally.reason or "?"  # tripped by a sibling: its reason
+        head = f"the first {self.count} message(s) all failed with {reason}"
         where = redact_url(self.url) if self.url else "the partner"
-        if self.reason in ("missing-field", "missing-id"):
+        if reason in ("missing-field", "missing-id"):
             missing = sorted(self.missing or ()) or [self.id_field or "the id"]
             names = sorted(self.keys)
             shown = ", ".join(_name(k) for k in names[:MAX_KEYS])
@@ -151,10 +266,10 @@ class MisconfigGuard:
             have = f"the fields they have: {shown}" if shown else "they have no JSON fields"
             which = "id field" if missing == [self.id_field] else "field"
             what = f"no message has the {which} {', '.join(_name(m) for m in missing)} ({have})"
-        elif self.reason == "http-404":
+        elif reason == "http-404":
             what = f"{where} answers 404 Not Found: is the URL right?"
-        elif self.reason in ("http-401", "http-403"):
-            what = f"{where} refuses the credentials ({self.reason[5:]}): check the token/headers"
+        elif reason in ("http-401", "http-403"):
+            what = f"{where} refuses the credentials ({reason[5:]}): check the token/headers"
         else:
             what = "the same permanent failure every time"
         return f"misconfigured? {head}: {what}"

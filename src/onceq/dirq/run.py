@@ -284,6 +284,7 @@ def consume_parallel(
         return consume(flow, db_path, telemetry=tel)
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    flow = _shared_guard(flow, ctx)
     procs = [
         # fork: the flow (and a user's functions in it) is inherited, never pickled.
         ctx.Process(target=_worker_main, args=(flow, db_path, out, i, tel))
@@ -309,6 +310,20 @@ def consume_parallel(
     total = _total(root, results, stopped_by)
     raise_for(flow, total)
     return total
+
+
+def _shared_guard(flow: Flow, ctx: Any) -> Flow:
+    """The flow with one guard count for every child: "the first N" of the whole run.
+
+    Each child counting its own would let W workers reject W x N files before all of
+    them stopped; shared, the run stops after N plus what the others had in flight.
+    """
+    from onceq.misconfig import SharedTally
+
+    policy = flow.guard_policy()
+    if not policy.enabled:
+        return flow
+    return dataclasses.replace(flow, guard=dataclasses.replace(policy, shared=SharedTally(ctx)))
 
 
 def _collect(
