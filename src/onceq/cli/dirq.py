@@ -121,6 +121,13 @@ def consume(
     --url a circuit breaker holds the files (back to inbox/, no attempt spent)
     while the partner keeps failing, probing it with one file at a time.
 
+    Your own flow has a misconfiguration guard: when the first 10 files all
+    fail permanently for the same reason (a missing --id-field, a 404, a
+    401/403) the run stops before quarantining the rest, which stay in inbox/,
+    and exits 10 with one line saying what is probably wrong (--guard-failures
+    N, --no-guard). A run in which every file failed exits 11. The orders
+    preset keeps the exercise's rule: every bad file quarantined, exit 0.
+
     Signals: this is a batch that is to empty the inbox, so a run that a signal
     stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
     stops cleanly (nothing more is claimed, what is held is committed and moved,

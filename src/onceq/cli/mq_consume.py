@@ -123,9 +123,16 @@ def consume(
     130; the in-flight messages return to the queue). On a terminal a status line
     on stderr shows the progress; piped, nothing.
 
+    Your own flow (--url) has a misconfiguration guard: when the first 10
+    messages all fail permanently for the same reason (a 404 URL, a 401/403, a
+    missing field) it stops before dead-lettering the rest, which stay in the
+    queue, and exits 10 with one line naming the URL or field (--guard-failures
+    N, --no-guard). The claims preset (--claim) has none.
+
     --until-empty makes it a batch: it stops once the queue (claim.in, or --queue)
     has nothing ready, no retry queue holds a copy, the breaker is closed and every
-    delivery it took is settled, and exits 0. Like every batch that is to finish
+    delivery it took is settled, and exits 0 (11 when every message of your own
+    flow failed). Like every batch that is to finish
     a queue (dirq consume), it exits 130 (SIGINT) / 143 (SIGTERM) when a signal
     stops it first, and 1 when --max-seconds runs out first, so that a script
     knows it did not finish.
