@@ -29,13 +29,9 @@ one settle, but no settle ever precedes the commit of its own record.
 Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the
 transport paused while the circuit breaker is open or the ledger is away (a read
 raised `LedgerUnavailable`): `onceq.holds`.
-
-Between 5 and 6 each verdict goes, in the order it is reached, to the
-misconfiguration guard (`onceq.misconfig`) when the flow has one. When the first N
-verdicts all failed permanently for the same reason it trips: the transport takes
-nothing more, no new call starts, and every copy received but not yet decided is
-HELD (back to the queue untried); calls already under way finish and their
-verdicts stand, so at most N + the calls in flight are dead-lettered.
+Each verdict also goes to the misconfiguration guard (`onceq.misconfig`): once it
+trips, nothing more is taken or called, undecided copies are HELD, calls under way
+stand (at most N + the calls in flight are dead-lettered).
 """
 
 from __future__ import annotations
@@ -378,12 +374,8 @@ class Consumer:
         return outcome
 
     def _judged(self, d: Delivery, o: Outcome, *, called: bool) -> Outcome:
-        """The verdict, after the misconfiguration guard has seen it (module docstring).
-
-        Once the guard has tripped, a verdict reached without a call (a decoder's
-        rejection, a ledger row being the whole effect) is not taken: the copy is
-        HELD, back to the queue untouched. A call's verdict stands: the partner has
-        answered, and what it answered is recorded.
+        """The verdict, seen by the guard. After its trip a verdict reached without a
+        call is not taken (HELD: back untouched); a call's stands (the partner answered).
         """
         guard = self.guard
         if guard is None:

@@ -16,7 +16,10 @@ everything. So the loop (onceq.consumer) feeds each verdict it reaches to a
 `missing-field`, at least one field missing from every one of them (the detail is
 the list of missing fields). It is only about the *first* messages: once disarmed
 (or past N) it never trips, so a queue with some bad messages among good ones runs
-as before. Pure: no I/O, no clock; `feed` returns True on the verdict that trips it.
+as before. The decision is pure (no I/O, no clock; `feed` returns True on the verdict
+that trips it); the count lives in a `Tally`, which the --workers children of one run
+share (`SharedTally`). "The first N" of a run and the bound on what it lets through
+(N + the calls in flight): docs/architecture.md, "The misconfiguration guard".
 
 `GuardPolicy` is what a flow says (on, N); `exercise` marks the exercises' presets,
 whose rule is that every bad message is quarantined and the run goes on (and ends 0).
@@ -271,7 +274,8 @@ class MisconfigGuard:
         elif reason in ("http-401", "http-403"):
             what = f"{where} refuses the credentials ({reason[5:]}): check the token/headers"
         else:
-            what = "the same permanent failure every time"
+            # No detail: a partner's answer may quote the message; `dead list` shows it.
+            what = "the same rejection every time (the dead letters' detail says more)"
         return f"misconfigured? {head}: {what}"
 
 

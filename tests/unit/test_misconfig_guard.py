@@ -283,3 +283,13 @@ def test_the_api_raises_all_failed_for_a_batch_below_the_threshold(tmp_path: Pat
 def test_a_flows_guard_must_be_a_guard_policy() -> None:
     with pytest.raises(UsageError, match="guard must be a GuardPolicy"):
         onceq.Flow("f", MemoryTransport(), guard=10).validate()  # type: ignore[arg-type]
+
+
+def test_any_other_reason_is_named_without_its_detail() -> None:
+    """A partner's 422 body may quote the message: the hint names the reason only."""
+    g = guard(2)
+    g.feed(R, "http-422", "customer ACME has no credit")
+    assert g.feed(R, "http-422", "customer ACME has no credit")
+    hint = g.hint()
+    assert "all failed with http-422: the same rejection every time" in hint
+    assert "ACME" not in hint
