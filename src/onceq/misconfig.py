@@ -211,6 +211,8 @@ class MisconfigGuard:
     @property
     def stopped(self) -> bool:
         """Tripped, here or by another consumer of the run (a shared tally)."""
+        if self.disarmed:  # the common case, once per message: no look at the tally
+            return False
         if not self.tripped and self.policy.enabled and self.tally.state == TRIPPED:
             self.tripped = True
         return self.tripped
