@@ -35,6 +35,7 @@ from onceq.errors import OnceqError, UsageError, redact_url
 from onceq.transport import Kind
 
 if TYPE_CHECKING:
+    from onceq.errors import Misconfigured
     from onceq.stats import Stats
 
 # Ten: far more than the odd bad message a healthy queue starts with (it takes ten
@@ -281,6 +282,17 @@ class MisconfigGuard:
         return f"misconfigured? {head}: {what}"
 
 
+def stopped_error(stats: Stats, where: str) -> Misconfigured:
+    """The one line (and exit 10) of a run the guard stopped: its hint, what it lost."""
+    from onceq.errors import Misconfigured
+
+    return Misconfigured(
+        f"{where}: {stats.misconfigured}; stopped with {stats.dead} {stats.dead_word},"
+        " the rest untouched: fix it and run again",
+        stats,
+    )
+
+
 def run_error(policy: GuardPolicy, stats: Stats, *, batch: bool, where: str) -> OnceqError | None:
     """The error a finished run ends with (None: exit 0), after its summary is printed.
 
@@ -288,14 +300,10 @@ def run_error(policy: GuardPolicy, stats: Stats, *, batch: bool, where: str) -> 
     was to finish its queue received messages and every one failed, except under
     the exercise presets' rule (the exercise's scripts end 0 whatever the files were).
     """
-    from onceq.errors import AllFailed, Misconfigured
+    from onceq.errors import AllFailed
 
     if stats.misconfigured:
-        return Misconfigured(
-            f"{where}: {stats.misconfigured}; stopped with {stats.dead} {stats.dead_word},"
-            " the rest untouched: fix it and run again",
-            stats,
-        )
+        return stopped_error(stats, where)
     if batch and stats.all_failed and not policy.exercise:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.reasons.items()))
         return AllFailed(

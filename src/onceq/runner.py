@@ -336,11 +336,10 @@ async def _run_one(
 
 def _guard_stopped(flow: Flow, stats: Stats) -> None:
     """A flow whose guard tripped ends the run as an error (Misconfigured, exit 10)."""
-    from onceq.misconfig import run_error
+    from onceq.misconfig import stopped_error
 
     if stats.misconfigured:
-        error = run_error(flow.guard_policy(), stats, batch=False, where=f"flow {flow.name}")
-        raise error  # type: ignore[misc]
+        raise stopped_error(stats, f"flow {flow.name}")
 
 
 async def _run_transport(

@@ -191,11 +191,10 @@ def consume(
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db, qname)
-    from onceq.misconfig import run_error
+    from onceq.misconfig import run_error, stopped_error
 
-    policy = flow.guard_policy()
     if result.stats.misconfigured:  # before "not drained": the guard is why it stopped
-        raise run_error(policy, result.stats, batch=until_empty, where=qname)  # type: ignore[misc]
+        raise stopped_error(result.stats, qname)
     if until_empty and not result.drained:
         _unfinished_batch(result.signal, max_seconds, qname)
     if result.aborted:
@@ -205,7 +204,7 @@ def consume(
         raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
     # A service that is stopped ends 0 whatever it saw; a drained batch whose every
     # message failed ends 11 (not the claims preset: the exercise's rule).
-    error = run_error(policy, result.stats, batch=until_empty, where=qname)
+    error = run_error(flow.guard_policy(), result.stats, batch=until_empty, where=qname)
     if error is not None:
         raise error
 
