@@ -97,3 +97,18 @@ def test_the_claims_preset_dead_letters_every_rejected_claim_and_exits_0(
     out = json.loads(r.stdout)
     assert (out["dead"], out["all_failed"]) == (15, True) and "misconfigured" not in out
     assert queues(amqp_url)["claim.dead"][0] == 15
+
+
+def test_a_service_stops_itself_too(amqp_url: str, tmp_path: Path) -> None:
+    """Without --until-empty (a consumer that runs until stopped) the guard ends it
+    all the same, long before --max-seconds: exit 10, the rest ready in the queue."""
+    declare_invoice(amqp_url)
+    publish_invoices(amqp_url, tmp_path / "inv", [invoice(i) for i in range(100)])
+    with partner(kind="invoices", keys=False) as p:
+        r = cli(amqp_url, "mq", "consume", "--queue", "invoice.in", "--id-field", "invoiceId",
+                "--url", f"{p.url}/wrong-path", "--max-seconds", "120", "--json",
+                "--db", str(tmp_path / "l.db"))  # fmt: skip
+    assert r.returncode == 10, r.stderr
+    out = json.loads(r.stdout)
+    assert "/wrong-path answers 404" in out["misconfigured"] and 10 <= out["dead"] <= 14
+    assert queues(amqp_url)["invoice.in"] == (100 - out["dead"], 0)
