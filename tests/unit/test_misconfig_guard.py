@@ -293,3 +293,25 @@ def test_any_other_reason_is_named_without_its_detail() -> None:
     hint = g.hint()
     assert "all failed with http-422: the same rejection every time" in hint
     assert "ACME" not in hint
+
+
+# --- the flags (onceq.cli.retry_options) ------------------------------------------------
+
+
+def test_the_guard_flags_over_a_preset_and_an_own_flow() -> None:
+    from onceq.cli.retry_options import apply_retry
+    from onceq.flow import DirSource, Flow, orders_flow
+
+    preset = orders_flow("/nonexistent")
+    assert preset.guard_policy() == GuardPolicy.exercise_rule()
+    assert preset.misconfig_guard() is None  # the exercise's rule: no guard
+    on = apply_retry(preset, {"guard": None, "guard_failures": 5})
+    # A number turns it on, and the preset keeps its exit rule (all failed: still 0).
+    assert on.guard_policy() == GuardPolicy(failures=5, exercise=True)
+    own = Flow("f", DirSource(Path("/nonexistent")))
+    assert own.guard_policy() == GuardPolicy() and own.misconfig_guard() is not None
+    assert apply_retry(own, {"guard": False, "guard_failures": None}).misconfig_guard() is None
+    with pytest.raises(UsageError, match="--guard-failures: the guard is off"):
+        apply_retry(own, {"guard": False, "guard_failures": 3})
+    values = {"guard": None, "guard_failures": None, "other": 1}
+    assert apply_retry(own, values) is own and values == {"other": 1}
