@@ -23,10 +23,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from onceq.errors import (
+    AllFailed,
     BadMessage,
     BrokerUnavailable,
     Conflict,
     LedgerError,
+    Misconfigured,
     NotFound,
     OnceqError,
     QueueError,
@@ -50,6 +52,7 @@ _LAZY = {
     "Retry": "onceq.effect",
     "RetryPolicy": "onceq.retry",
     "BreakerPolicy": "onceq.retry",
+    "GuardPolicy": "onceq.misconfig",
     "run": "onceq.runner",
     "run_async": "onceq.runner",
     "load_flows": "onceq.flowfile",
@@ -67,6 +70,7 @@ _LAZY = {
 
 # Written out (not built from _LAZY): a linter and a reader see the public names here.
 __all__ = [
+    "AllFailed",
     "BadMessage",
     "BreakerPolicy",
     "BrokerUnavailable",
@@ -75,12 +79,14 @@ __all__ = [
     "Delivery",
     "DirSource",
     "Flow",
+    "GuardPolicy",
     "HttpEffect",
     "Kind",
     "Ledger",
     "LedgerError",
     "MemoryTransport",
     "MessageSpec",
+    "Misconfigured",
     "NotFound",
     "OnceqError",
     "Outcome",
@@ -112,6 +118,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from onceq.ledger import Ledger
     from onceq.memory import MemoryTransport
     from onceq.message import MessageSpec
+    from onceq.misconfig import GuardPolicy
     from onceq.retry import BreakerPolicy, RetryPolicy
     from onceq.runner import run, run_async
     from onceq.transport import Delivery, Kind, Settle, decide

@@ -29,6 +29,9 @@ one settle, but no settle ever precedes the commit of its own record.
 Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the
 transport paused while the circuit breaker is open or the ledger is away (a read
 raised `LedgerUnavailable`): `onceq.holds`.
+Each verdict also goes to the misconfiguration guard (`onceq.misconfig`): once it
+trips, nothing more is taken or called, undecided copies are HELD, calls under way
+stand (at most N + the calls in flight are dead-lettered).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from onceq.holds import Holds
 from onceq.inflight import Checked, InflightGuard, Leases, guard_for
 from onceq.ledger import Entry, Ledger
 from onceq.ledger_values import is_utf8
+from onceq.misconfig import GUARD_HELD, MisconfigGuard
 from onceq.retry import BreakerPolicy, RetryPolicy
 from onceq.stats import COUNTS, Stats
 from onceq.transport import Delivery, Kind, Transport
@@ -121,6 +125,7 @@ class Consumer:
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
         inflight: Callable[[Any], InflightGuard | None] = guard_for,
+        guard: MisconfigGuard | None = None,
     ) -> None:
         self.transport = transport
         self.ledger = ledger
@@ -142,6 +147,7 @@ class Consumer:
         self.breaker = self.holds.breaker
         self.leases = Leases(inflight)  # opened by `run` when there is a call
         self.on_settled = on_settled
+        self.guard = guard  # the misconfiguration guard (None: off)
         self.stats = Stats()
         # Set by a watcher (onceq.telemetry) to time each call: None costs one check.
         self.effect_timer: Any = None  # onceq.metrics.Durations | None
@@ -176,7 +182,8 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    entry = self._entry(delivery, self._decode(delivery))
+                    decided = self._judged(delivery, self._decode(delivery), called=False)
+                    entry = self._entry(delivery, decided)
                     self._pending.put_nowait((entry, None))
                     continue
                 t = asyncio.create_task(self._handle(delivery))
@@ -275,8 +282,9 @@ class Consumer:
                 outcome = await self._effect(d, decoded, checked)
                 if outcome is None:
                     return  # stopped while held: unsettled, as above
+                outcome = self._judged(d, outcome, called=True)
             else:
-                outcome = decoded
+                outcome = self._judged(d, decoded, called=False)
             done = asyncio.Event()
             await self._pending.put((self._entry(d, outcome), done))
             await done.wait()
@@ -328,6 +336,8 @@ class Consumer:
         """The call's outcome; HELD when none may start (the breaker is open, the ledger
         away); None when stopped. `checked`: the guard's duplicate check, if it did one."""
         assert d.msg_id is not None
+        if self.guard is not None and self.guard.stopped:
+            return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
         # off the loop; a ledger without it (a user's) answers on the loop.
         read = getattr(self.ledger, "aprocessed_ref", None)
@@ -362,6 +372,25 @@ class Consumer:
         if self.breaker is not None:
             self.breaker.record(d.msg_id, outcome)
         return outcome
+
+    def _judged(self, d: Delivery, o: Outcome, *, called: bool) -> Outcome:
+        """The verdict, seen by the guard. After its trip a verdict reached without a
+        call is not taken (HELD: back untouched); a call's stands (the partner answered).
+        """
+        guard = self.guard
+        if guard is None:
+            return o
+        if guard.stopped:  # here, or by a sibling process: take nothing more
+            if not self.stats.misconfigured:
+                self._guard_stop(guard)
+            return o if called else Outcome(Kind.HELD, GUARD_HELD)
+        if guard.feed(o.kind, o.reason, o.detail, d.body):
+            self._guard_stop(guard)
+        return o
+
+    def _guard_stop(self, guard: MisconfigGuard) -> None:
+        self.stats.misconfigured = guard.hint()
+        self.transport.stop()  # claim nothing more; what is held is settled
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1

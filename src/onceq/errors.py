@@ -14,8 +14,13 @@
     │   └── LedgerUnavailable       8   a PostgreSQL ledger's connection is lost (the
     │                                   loop holds its messages and reconnects; a
     │                                   command that cannot wait ends with 8)
-    └── QueueError                  9   a queue folder cannot be created, written or
-                                        claimed in (permissions, disk full)
+    ├── QueueError                  9   a queue folder cannot be created, written or
+    │                                   claimed in (permissions, disk full)
+    ├── Misconfigured              10   the misconfiguration guard stopped a run: its
+    │                                   first messages all failed the same way
+    │                                   (onceq.misconfig); the rest are untouched
+    └── AllFailed                  11   a batch finished and every message it received
+                                        failed (none processed, none a duplicate)
 
 Third-party exceptions (aiormq/aio-pika, aiohttp, sqlite3, OSError) are translated into
 this tree at one boundary per library; the CLI maps the tree to exit codes and prints
@@ -26,16 +31,20 @@ the CLI's last line of defence).
 
 from __future__ import annotations
 
+from typing import Any
+
 # Masking lives in onceq.redact; re-exported here, where every message is made.
 from onceq.redact import redact_text, redact_url
 
 __all__ = [
     "EXIT_CODES",
+    "AllFailed",
     "BadMessage",
     "BrokerUnavailable",
     "Conflict",
     "LedgerError",
     "LedgerUnavailable",
+    "Misconfigured",
     "NotFound",
     "OnceqError",
     "QueueError",
@@ -94,6 +103,26 @@ class QueueError(OnceqError):
     exit_code = 9
 
 
+class Misconfigured(OnceqError):
+    """The guard stopped a run (onceq.misconfig); `stats`: what it settled first."""
+
+    exit_code = 10
+
+    def __init__(self, message: str, stats: Any = None) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
+class AllFailed(OnceqError):
+    """A batch ended and every message it received failed; `stats`: its counts."""
+
+    exit_code = 11
+
+    def __init__(self, message: str, stats: Any = None) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
 EXIT_CODES: dict[str, int] = {
     cls.__name__: cls.exit_code
     for cls in (
@@ -105,5 +134,7 @@ EXIT_CODES: dict[str, int] = {
         BrokerUnavailable,
         LedgerError,
         QueueError,
+        Misconfigured,
+        AllFailed,
     )
 }

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from onceq.consumer import Handler
     from onceq.effect import SqlEffect
     from onceq.message import MessageSpec
+    from onceq.misconfig import GuardPolicy, MisconfigGuard
     from onceq.retry import BreakerPolicy, RetryPolicy
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -83,6 +84,7 @@ class Flow:
     sql: Any = None  # SqlEffect | Callable | None
     retry: RetryPolicy | None = None  # None: RetryPolicy() (1 immediate, 5s 30s 2m 10m)
     breaker: BreakerPolicy | None = None  # None: on when there is a call effect
+    guard: GuardPolicy | None = None  # None: GuardPolicy() (stop after 10 same failures)
 
     @property
     def kind(self) -> str:
@@ -133,6 +135,10 @@ class Flow:
             raise UsageError(f"{where}: retry must be a RetryPolicy")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise UsageError(f"{where}: breaker must be a BreakerPolicy")
+        from onceq.misconfig import GuardPolicy
+
+        if self.guard is not None and not isinstance(self.guard, GuardPolicy):
+            raise UsageError(f"{where}: guard must be a GuardPolicy")
         return self
 
     def retry_policy(self) -> RetryPolicy:
@@ -149,6 +155,27 @@ class Flow:
         if self.breaker is not None:
             return self.breaker
         return BreakerPolicy() if self.effect is not None else BreakerPolicy.off()
+
+    def guard_policy(self) -> GuardPolicy:
+        """The flow's misconfiguration guard: its own, else on (onceq.misconfig)."""
+        from onceq.misconfig import GuardPolicy
+
+        return self.guard if self.guard is not None else GuardPolicy()
+
+    def misconfig_guard(self) -> MisconfigGuard | None:
+        """A fresh guard for one consumer's run; None when the flow's is off."""
+        from onceq.misconfig import MisconfigGuard, Tally
+
+        policy = self.guard_policy()
+        if not policy.enabled:
+            return None
+        url = getattr(self.effect, "url", None)
+        return MisconfigGuard(
+            policy,
+            url=url if isinstance(url, str) else None,
+            id_field=self.message.id_field,
+            tally=policy.shared or Tally(),
+        )
 
     def handler(self) -> Handler | None:
         """The loop's handler for the call effect; None when the ledger row is the effect."""
@@ -212,10 +239,12 @@ def orders_flow(
         changes["max_bytes"] = max_bytes
     if changes:
         spec = dataclasses.replace(spec, **changes)
+    from onceq.misconfig import GuardPolicy
     from onceq.retry import BreakerPolicy, RetryPolicy
 
     # The exercise's rule: a file that fails is quarantined at once (its only effect
-    # is the ledger row, so a failure is the message's own, never a partner's).
+    # is the ledger row, so a failure is the message's own, never a partner's), and
+    # every bad file is quarantined while the run goes on (no misconfiguration guard).
     return Flow(
         DEFAULT_NAME,
         DirSource(Path(qdir), workers),
@@ -224,6 +253,7 @@ def orders_flow(
         PROCESSED_TABLE,
         retry=RetryPolicy.none(),
         breaker=BreakerPolicy.off(),
+        guard=GuardPolicy.exercise_rule(),
     )
 
 
@@ -248,5 +278,9 @@ def claims_flow(
         url=url,
         prefetch=prefetch,
     )
+    from onceq.misconfig import GuardPolicy
+
     effect = claims_http(claim_url, timeout=timeout, concurrency=prefetch)
-    return Flow(DEFAULT_NAME, source, CLAIMS, effect, PROCESSED_TABLE)
+    # The exercise's rule: every rejected claim dead-lettered, the run goes on.
+    guard = GuardPolicy.exercise_rule()
+    return Flow(DEFAULT_NAME, source, CLAIMS, effect, PROCESSED_TABLE, guard=guard)

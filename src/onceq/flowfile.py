@@ -8,7 +8,7 @@
     [flows.invoices.http]
     url = "http://127.0.0.1:9300/api/invoices"
     headers = { Authorization = "Bearer ${INVOICE_TOKEN}" }
-    [flows.invoices.retry]           # and [flows.invoices.breaker]: onceq.flowfile_retry
+    [flows.invoices.retry]           # and .breaker, .guard: onceq.flowfile_retry
     delays = ["5s", "30s"]
     [metrics]                        # optional: /metrics and /healthz (flags override)
     port = 9464
@@ -45,7 +45,7 @@ from onceq.flowfile_keys import (
     check,
     get,
 )
-from onceq.flowfile_retry import breaker_of, retry_of
+from onceq.flowfile_retry import breaker_of, guard_of, retry_of
 from onceq.ledger_target import Target
 
 if TYPE_CHECKING:
@@ -245,9 +245,10 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:
     effect = effect_of(t, m, where, base)
     sql = sql_of(t, m, where, base)
     retry, breaker = retry_of(t, m, where), breaker_of(t, m, where)
+    guard = guard_of(t, m, where)
     if len(m) > before:
         return None
-    return Flow(name, source, spec, effect, sql, retry=retry, breaker=breaker)
+    return Flow(name, source, spec, effect, sql, retry=retry, breaker=breaker, guard=guard)
 
 
 def _amqp_url(url: str) -> None:

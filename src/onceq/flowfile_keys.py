@@ -44,6 +44,7 @@ FLOW_KEYS = (
         "sql",
         "retry",
         "breaker",
+        "guard",
     }
 )
 HTTP_KEYS = {

@@ -10,9 +10,13 @@
     failures = 5                    # transient failures in a row that open it
     probe = "1s"                    # first probe, doubling …
     max_probe = "30s"               # … up to this
+    [flows.invoices.guard]          # or guard = false
+    enabled = true
+    failures = 10                   # the first N messages all failing alike stop the run
 
 A key left out of a table keeps the default (`onceq.retry`). No `retry` key: the
-default policy; no `breaker` key: on when the flow has a call effect. Each mistake is
+default policy; no `breaker` key: on when the flow has a call effect; no `guard` key:
+the misconfiguration guard on, stopping after 10 (onceq.misconfig). Each mistake is
 one `FILE: line N: flows.NAME.retry.delays: why` line (`flowfile_keys.Mistakes`).
 """
 
@@ -23,11 +27,13 @@ from typing import Any
 
 from onceq.errors import UsageError
 from onceq.flowfile_keys import Mistakes, get, toml_type
+from onceq.misconfig import MAX_FAILURES, GuardPolicy
 from onceq.retry import BreakerPolicy, RetryPolicy, parse_duration
 
 POLICY_NAMES = ("default", "exercise", "none")
 RETRY_KEYS = {"immediate", "delays"}
 BREAKER_KEYS = {"enabled", "failures", "probe", "max_probe"}
+GUARD_KEYS = {"enabled", "failures"}
 
 
 def retry_of(t: dict[str, Any], m: Mistakes, where: str) -> RetryPolicy | None:
@@ -131,12 +137,41 @@ def breaker_of(t: dict[str, Any], m: Mistakes, where: str) -> BreakerPolicy | No
         return None
 
 
+def guard_of(t: dict[str, Any], m: Mistakes, where: str) -> GuardPolicy | None:
+    """The flow's `guard` (a table, or true/false); None when absent or wrong."""
+    if "guard" not in t:
+        return None
+    key = f"{where}.guard"
+    value = t["guard"]
+    if isinstance(value, bool):
+        return GuardPolicy() if value else GuardPolicy.off()
+    if not isinstance(value, dict):
+        m.add(key, f"must be a table or true/false, not {toml_type(value)}")
+        return None
+    before = len(m)
+    for k in value:
+        if k not in GUARD_KEYS:
+            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(GUARD_KEYS))})")
+    enabled = get(value, "enabled", bool, m, key, True)
+    failures = get(value, "failures", int, m, key)
+    if failures is not None and not 1 <= failures <= MAX_FAILURES:
+        m.add(f"{key}.failures", f"must be 1-{MAX_FAILURES}, not {failures}")
+    if len(m) > before:
+        return None
+    if failures is None:
+        return GuardPolicy(enabled=enabled)
+    return GuardPolicy(enabled=enabled, failures=failures)
+
+
 def describe(flow: Any) -> dict[str, Any]:
     """The policies a flow runs with, for `onceq check` (its defaults filled in)."""
     from onceq.retry import delay_label
 
-    retry, breaker = flow.retry_policy(), flow.breaker_policy()
+    retry, breaker, guard = flow.retry_policy(), flow.breaker_policy(), flow.guard_policy()
     return {
+        "guard": {"enabled": True, "failures": guard.failures}
+        if guard.enabled
+        else {"enabled": False},
         "retry": {"immediate": retry.immediate, "delays": [delay_label(d) for d in retry.delays]},
         "breaker": {
             "enabled": breaker.enabled,
@@ -155,4 +190,6 @@ def summary(flow: Any) -> str:
     r, b = d["retry"], d["breaker"]
     tiers = ",".join(r["delays"]) or "no delays"
     brk = f"breaker {b['failures']} in a row" if b["enabled"] else "no breaker"
-    return f"retry {r['immediate']} + {tiers}, {brk}"
+    g = d["guard"]
+    grd = f"guard {g['failures']}" if g["enabled"] else "no guard"
+    return f"retry {r['immediate']} + {tiers}, {brk}, {grd}"

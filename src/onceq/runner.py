@@ -19,6 +19,13 @@ stops every flow cleanly (nothing new is taken; what is held is recorded and
 settled); a second signal stops the process at once, which is as safe as a kill -9
 (unsettled copies come back: the broker requeues them, the next run of a directory
 queue recovers its claims).
+
+The per-flow ends combine into one (`onceq run`'s exit code): a flow whose
+misconfiguration guard trips stops the whole run like any flow's error
+(`Misconfigured`, 10: the others stop cleanly first); otherwise a signal or the
+deadline before a batch finished (130/143, 1); otherwise, for a batch
+(`until_empty`), `AllFailed` (11) when any flow received messages and every one of
+them failed (`all_failed_error`); otherwise 0.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceq.errors import UsageError
+from onceq.errors import OnceqError, UsageError
 from onceq.ledger_target import Target, as_target, describe
 from onceq.stop import STOP_SIGNALS, Stop
 
@@ -150,7 +157,26 @@ async def run_async(
     report = await run_flows(
         flows, ledger, until_empty=until_empty, max_seconds=max_seconds, telemetry=telemetry
     )
+    if until_empty and report.finished:
+        error = all_failed_error(report, flows)
+        if error is not None:
+            raise error
     return report.stats
+
+
+def all_failed_error(report: RunReport, flows: Sequence[Flow]) -> OnceqError | None:
+    """AllFailed (11) naming each flow of a finished batch whose every message failed."""
+    from onceq.errors import AllFailed
+    from onceq.misconfig import run_error
+
+    lines = []
+    for f in flows:
+        stats = report.stats.get(f.name)
+        if stats is not None:
+            error = run_error(f.guard_policy(), stats, batch=True, where=f"flow {f.name}")
+            if error is not None:
+                lines.append(str(error))
+    return AllFailed("; ".join(lines), report.stats) if lines else None
 
 
 async def run_flows(
@@ -281,6 +307,7 @@ async def _run_one(
             before_ledger=gate.arrive,
             telemetry=tel,
         )
+        _guard_stopped(flow, result.stats)
         return {
             "stats": result.stats,
             "drained": bool(result.drained),
@@ -288,7 +315,9 @@ async def _run_one(
         }
     if flow.kind == "transport":
         with tel.flow_context(flow.name):
-            return {"stats": await _run_transport(flow, report, stop, gate, settled, tel)}
+            stats = await _run_transport(flow, report, stop, gate, settled, tel)
+            _guard_stopped(flow, stats)
+            return {"stats": stats}
     from onceq.dirq.run import consume_flow as consume_dir
 
     stats = await consume_dir(
@@ -301,7 +330,16 @@ async def _run_one(
         on_new_ledger=on_new_ledger,
         telemetry=tel,
     )
+    _guard_stopped(flow, stats)
     return {"stats": stats}
+
+
+def _guard_stopped(flow: Flow, stats: Stats) -> None:
+    """A flow whose guard tripped ends the run as an error (Misconfigured, exit 10)."""
+    from onceq.misconfig import stopped_error
+
+    if stats.misconfigured:
+        raise stopped_error(stats, f"flow {flow.name}")
 
 
 async def _run_transport(
@@ -332,6 +370,7 @@ async def _run_transport(
                 on_settled=on_settled,
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
+                guard=flow.misconfig_guard(),
             )
             stop.add(consumer.stop)
             try:

@@ -82,6 +82,9 @@ class Stats:
     reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
     requeued_reasons: Counter[str] = field(default_factory=Counter)
     dead_word: str = field(default="dead", compare=False)
+    # Set when the misconfiguration guard stopped the run: its one-line hint
+    # (onceq.misconfig). The first `misconfigured` failures are counted in `dead`.
+    misconfigured: str = field(default="", compare=False)
 
     def add(self, e: Entry) -> None:
         word = outcome_of(e)
@@ -107,6 +110,8 @@ class Stats:
         out["reasons"] = dict(sorted(self.reasons.items()))
         out["requeued_reasons"] = dict(sorted(self.requeued_reasons.items()))
         out["all_failed"] = self.all_failed
+        if self.misconfigured:  # only then: a normal run's JSON keeps its keys
+            out["misconfigured"] = self.misconfigured
         return out
 
     def merge(self, d: dict[str, Any]) -> None:
@@ -117,3 +122,4 @@ class Stats:
             setattr(self, k, getattr(self, k) + d.get(key, 0))
         self.reasons.update(d["reasons"])
         self.requeued_reasons.update(d["requeued_reasons"])
+        self.misconfigured = self.misconfigured or d.get("misconfigured", "")

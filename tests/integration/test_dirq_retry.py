@@ -96,7 +96,7 @@ def test_dead_after_the_policy_s_attempts(tmp_path: Path) -> None:
             "dirq", "consume", str(q),
             *flags(p.url, "--retry-delays", "300ms,600ms", "--no-breaker"),
         )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 11, r.stderr  # its one file dead: every message failed
     out = json.loads(r.stdout)
     assert (out["quarantined"], out["requeued"], out["reasons"]) == (1, 3, {"http-503": 1})
     # 1 try + 1 immediate + 2 delayed = 4 calls, then error/.

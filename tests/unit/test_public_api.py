@@ -34,6 +34,7 @@ PUBLIC = [
     "Retry",
     "RetryPolicy",
     "BreakerPolicy",
+    "GuardPolicy",
     "run",
     "run_async",
     "load_flows",
@@ -57,6 +58,8 @@ PUBLIC = [
     "BrokerUnavailable",
     "LedgerError",
     "QueueError",
+    "Misconfigured",
+    "AllFailed",
     "__version__",
 ]
 

@@ -44,6 +44,8 @@ def test_kwarg_names_are_the_designs() -> None:
         "breaker_failures",
         "breaker_probe",
         "breaker_max_probe",
+        "guard",
+        "guard_failures",
     }
     assert set(_parse(breaker=False)) == {"retry", "immediate_retries", "retry_delays"}
     assert all(v is None for v in _parse().values())  # "not given" is None, never a default

@@ -229,6 +229,7 @@ async def _consume_flow(
                 # default, would close the channel), so the grace below covers it.
                 retry=retry,
                 breaker=flow.breaker_policy(),
+                guard=flow.misconfig_guard(),
             )
             # The first signal stops cleanly (in-flight calls finish, bounded by the grace).
             # A second one is an operator who will not wait: stop at once. Nothing is lost:

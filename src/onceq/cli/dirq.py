@@ -121,6 +121,13 @@ def consume(
     --url a circuit breaker holds the files (back to inbox/, no attempt spent)
     while the partner keeps failing, probing it with one file at a time.
 
+    Your own flow has a misconfiguration guard: when the first 10 files all
+    fail permanently for the same reason (a missing --id-field, a 404, a
+    401/403) the run stops before quarantining the rest, which stay in inbox/,
+    and exits 10 with one line saying what is probably wrong (--guard-failures
+    N, --no-guard). A run in which every file failed exits 11. The orders
+    preset keeps the exercise's rule: every bad file quarantined, exit 0.
+
     Signals: this is a batch that is to empty the inbox, so a run that a signal
     stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
     stops cleanly (nothing more is claimed, what is held is committed and moved,
@@ -142,6 +149,7 @@ def consume(
     """
     from onceq.dirq.queue import DirQueue
     from onceq.dirq.run import Interrupted
+    from onceq.errors import AllFailed, Misconfigured
     from onceq.flow import open_ledger
     from onceq.logs import setup as setup_logs
 
@@ -161,6 +169,10 @@ def consume(
         # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
         _print_summary(qdir, exc.stats, as_json, stopped_by=exc.signal_name)
         raise
+    except (Misconfigured, AllFailed) as exc:
+        # The run ended, but not well: its summary, then the one line and 10 or 11.
+        _print_summary(qdir, exc.stats, as_json)
+        raise
     _print_summary(qdir, stats, as_json)
 
 
@@ -169,9 +181,11 @@ def _consume_flow(
 ) -> Any:
     """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options),
     with the retry and breaker flags applied (the preset keeps none unless given)."""
-    from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry
+    from onceq.cli.retry_options import BREAKER_KEYS, GUARD_KEYS, RETRY_KEYS, apply_retry
 
-    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
+    retry_values = {
+        k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS, *GUARD_KEYS) if k in flags
+    }
     return apply_retry(_base_flow(qdir, workers, required, max_bytes, flags), retry_values)
 
 

@@ -11,7 +11,13 @@ from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
-from onceq.cli.retry_options import BREAKER_KEYS, RETRY_KEYS, apply_retry, retry_options
+from onceq.cli.retry_options import (
+    BREAKER_KEYS,
+    GUARD_KEYS,
+    RETRY_KEYS,
+    apply_retry,
+    retry_options,
+)
 from onceq.errors import UsageError
 from onceq.ledger_target import Target, describe
 
@@ -117,9 +123,16 @@ def consume(
     130; the in-flight messages return to the queue). On a terminal a status line
     on stderr shows the progress; piped, nothing.
 
+    Your own flow (--url) has a misconfiguration guard: when the first 10
+    messages all fail permanently for the same reason (a 404 URL, a 401/403, a
+    missing field) it stops before dead-lettering the rest, which stay in the
+    queue, and exits 10 with one line naming the URL or field (--guard-failures
+    N, --no-guard). The claims preset (--claim) has none.
+
     --until-empty makes it a batch: it stops once the queue (claim.in, or --queue)
     has nothing ready, no retry queue holds a copy, the breaker is closed and every
-    delivery it took is settled, and exits 0. Like every batch that is to finish
+    delivery it took is settled, and exits 0 (11 when every message of your own
+    flow failed). Like every batch that is to finish
     a queue (dirq consume), it exits 130 (SIGINT) / 143 (SIGTERM) when a signal
     stops it first, and 1 when --max-seconds runs out first, so that a script
     knows it did not finish.
@@ -151,7 +164,9 @@ def consume(
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
     telemetry = telemetry_for(ops)
-    retry_values = {k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS) if k in flags}
+    retry_values = {
+        k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS, *GUARD_KEYS) if k in flags
+    }
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
     flow = apply_retry(flow, retry_values)
     opts = ConsumeOptions(
@@ -176,6 +191,10 @@ def consume(
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db, qname)
+    from onceq.misconfig import run_error, stopped_error
+
+    if result.stats.misconfigured:  # before "not drained": the guard is why it stopped
+        raise stopped_error(result.stats, qname)
     if until_empty and not result.drained:
         _unfinished_batch(result.signal, max_seconds, qname)
     if result.aborted:
@@ -183,6 +202,11 @@ def consume(
         # 130 SIGINT, 143 SIGTERM): the run did not finish its in-flight claims.
         fail(f"interrupted by a second signal; in-flight messages return to {qname}")
         raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
+    # A service that is stopped ends 0 whatever it saw; a drained batch whose every
+    # message failed ends 11 (not the claims preset: the exercise's rule).
+    error = run_error(flow.guard_policy(), result.stats, batch=until_empty, where=qname)
+    if error is not None:
+        raise error
 
 
 def _consume_flow(

@@ -7,9 +7,11 @@
     --breaker-failures K             open after K transient failures in a row
     --breaker-probe DURATION         first probe after this long
     --breaker-max-probe DURATION     probe interval cap
+    --guard/--no-guard               the misconfiguration guard on or off
+    --guard-failures N               stop when the first N messages all fail alike
 
 The flags only change what was given: a command's preset keeps its own policy (the
-orders preset: no retry, no breaker) unless a flag says otherwise, so adding these
+orders preset: no retry, no breaker, no guard) unless a flag says otherwise, so adding these
 flags changed no existing run. The library decides (onceq.retry validates every
 value); this module parses and names the flag in the one-line refusal.
 """
@@ -26,12 +28,14 @@ from onceq.errors import UsageError
 
 if TYPE_CHECKING:
     from onceq.flow import Flow
+    from onceq.misconfig import GuardPolicy
     from onceq.retry import BreakerPolicy, RetryPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 RETRY_KEYS = ("retry", "immediate_retries", "retry_delays")
 BREAKER_KEYS = ("breaker", "breaker_failures", "breaker_probe", "breaker_max_probe")
+GUARD_KEYS = ("guard", "guard_failures")
 _BREAKER_SETTINGS = {
     "breaker_failures": "failures",
     "breaker_probe": "probe",
@@ -96,15 +100,34 @@ def _breaker_opts() -> list[Callable[[F], F]]:
     ]
 
 
+def _guard_opts() -> list[Callable[[F], F]]:
+    return [
+        click.option(
+            "--guard/--no-guard",
+            default=None,
+            help="Misconfiguration guard: when the first N messages all fail permanently"
+            " for the same reason (a missing field, 404, 401/403), stop (exit 10) before"
+            " rejecting the rest, which stay untouched. Default: on, except for the"
+            " exercise presets.",
+        ),
+        click.option(
+            "--guard-failures",
+            type=click.IntRange(1, 100_000),
+            metavar="N",
+            help="How many first messages failing alike stop the run (default 10).",
+        ),
+    ]
+
+
 def retry_options(f: F | None = None, *, breaker: bool = True) -> Any:
-    """Add the retry flags (and the breaker flags unless `breaker=False`).
+    """Add the retry flags (and the breaker and guard flags unless `breaker=False`).
 
     `@retry_options` on a consuming command; `@retry_options(breaker=False)` where only
     the tiers matter (`mq topology` declares the tier queues, it runs no effect).
     """
 
     def decorate(fn: F) -> F:
-        opts = _retry_opts() + (_breaker_opts() if breaker else [])
+        opts = _retry_opts() + (_breaker_opts() + _guard_opts() if breaker else [])
         for opt in reversed(opts):
             fn = opt(fn)
         return fn
@@ -186,6 +209,21 @@ def _breaker(base: BreakerPolicy, values: dict[str, Any]) -> BreakerPolicy | Non
         raise UsageError(f"{flag}: {str(exc).removeprefix('breaker: ')}") from None
 
 
+def _guard(base: GuardPolicy, values: dict[str, Any]) -> GuardPolicy | None:
+    """The guard the flags describe over `base`; None when no guard flag was given."""
+    enabled = values.pop("guard", None)
+    failures = values.pop("guard_failures", None)
+    if enabled is None and failures is None:
+        return None
+    if enabled is False and failures is not None:
+        raise UsageError("--guard-failures: the guard is off (--no-guard)")
+    # --guard-failures alone turns it on (a preset's is off): a number is meant to count.
+    changes: dict[str, Any] = {"enabled": enabled is not False}
+    if failures is not None:
+        changes["failures"] = failures
+    return dataclasses.replace(base, **changes)
+
+
 def retry_from_values(values: dict[str, Any]) -> RetryPolicy | None:
     """The retry policy the flags describe (over the default policy), None if no retry
     flag was given: `mq topology` declares this policy's tiers. Pops the retry keys."""
@@ -195,12 +233,15 @@ def retry_from_values(values: dict[str, Any]) -> RetryPolicy | None:
 
 
 def apply_retry(flow: Flow, values: dict[str, Any]) -> Flow:
-    """`flow` with .retry/.breaker changed by whichever flags were given (a copy; the
-    flow is unchanged when none was). Pops every retry and breaker key from `values`;
-    UsageError (exit 2) naming the flag for a bad value."""
+    """`flow` with .retry/.breaker/.guard changed by whichever flags were given (a copy;
+    the flow is unchanged when none was). Pops every retry, breaker and guard key from
+    `values`; UsageError (exit 2) naming the flag for a bad value."""
     retry = _retry(flow.retry_policy(), values)
     breaker = _breaker(flow.breaker_policy(), values)
+    guard = _guard(flow.guard_policy(), values)
     changes: dict[str, Any] = {}
+    if guard is not None:
+        changes["guard"] = guard
     if retry is not None:
         changes["retry"] = retry
     if breaker is not None:

@@ -43,8 +43,9 @@ def check(file: Path, as_json: bool) -> None:
     required, group_field, seq_field, keep), an effect ([flows.NAME.http],
     [flows.NAME.python] function = "module:func", [flows.NAME.sql]), and
     optionally retry = "default"|"exercise"|"none" or [flows.NAME.retry]
-    (immediate, delays) and [flows.NAME.breaker] (enabled, failures, probe,
-    max_probe), and a top-level [metrics] table (port, host) where `onceq run`
+    (immediate, delays), [flows.NAME.breaker] (enabled, failures, probe,
+    max_probe) and [flows.NAME.guard] (enabled, failures; or guard = false),
+    and a top-level [metrics] table (port, host) where `onceq run`
     serves /metrics and /healthz. Each flow's line shows the retry policy and
     breaker it runs with.
 
@@ -151,8 +152,12 @@ def run(
     Signals: without --until-empty this runs until stopped, so SIGTERM, SIGINT or
     --max-seconds stop every flow cleanly (what is held is recorded and settled)
     and it exits 0. With --until-empty it is a batch: 0 once every source is
-    empty, 130/143 when a signal stops it first, 1 when --max-seconds does. A
-    second signal stops at once (the next run recovers what was claimed).
+    empty, 130/143 when a signal stops it first, 1 when --max-seconds does, 11
+    when a flow received messages and every one failed. A second signal stops
+    at once (the next run recovers what was claimed). A flow whose first 10
+    messages all fail permanently for the same reason (a missing field, a 404,
+    a 401/403: a misconfiguration) stops the whole run cleanly, exit 10 with
+    one line naming it; a flow's `guard` key sets or turns off that guard.
 
     --metrics-port (or the file's [metrics] port; the flag wins) serves Prometheus
     metrics at /metrics and a health check at /healthz until the run's end; a port
@@ -216,3 +221,9 @@ def run(
             sys.exit(128 + report.signal)
         fail(f"{file}: not every source was empty within --max-seconds {max_seconds:g}")
         sys.exit(1)
+    if until_empty:
+        from onceq.runner import all_failed_error
+
+        error = all_failed_error(report, ff.flows)
+        if error is not None:
+            raise error  # one line, exit 11

@@ -79,10 +79,33 @@ def consume(
 
     `target` is a Flow over a DirSource, or a queue folder (the orders preset).
     `telemetry` serves /metrics and /healthz for the run (its port bound first).
+    Raises `Interrupted` (a signal), `Misconfigured` (the guard stopped the run) or
+    `AllFailed` (every message failed; not under the orders preset), each with `stats`.
     """
+    flow = as_flow(target, spec)
+    stats = _batch(flow, db, on_settled, telemetry)
+    raise_for(flow, stats)
+    return stats
+
+
+def raise_for(flow: Flow, stats: Stats) -> None:
+    """A batch's end as an error: the guard stopped it (10), or every message failed (11)."""
+    from onceq.misconfig import run_error
+
+    error = run_error(flow.guard_policy(), stats, batch=True, where=str(flow.source.path))
+    if error is not None:
+        raise error
+
+
+def _batch(
+    flow: Flow,
+    db: str | Path | None,
+    on_settled: Callable[[Sequence[Entry]], None] | None,
+    telemetry: Telemetry | None,
+) -> Stats:
+    """One consumer's batch under this process's signals; `Interrupted` after a signal."""
     from onceq.telemetry import Telemetry
 
-    flow = as_flow(target, spec)
     stop = Stop(second="raise")
     tel = telemetry or Telemetry()
     tel.bind()
@@ -178,6 +201,7 @@ async def _consume_dir(
                 retry=flow.retry_policy(),
                 breaker=flow.breaker_policy(),
                 on_settled=on_settled,
+                guard=flow.misconfig_guard(),
             )
             consumer.stats.dead_word = DEAD_WORD
             stop.add(consumer.stop)
@@ -218,7 +242,8 @@ def _worker_main(flow: Flow, db: str, out: mp.Queue, i: int, parent: Telemetry) 
     parent.close_inherited()  # the parent's port is the parent's: a child serves nothing
     tel = Telemetry(reporter=lambda d: out.put(("progress", i, d))) if parent.enabled else None
     try:
-        out.put(("ok", consume(flow, db, telemetry=tel).as_dict()))
+        # The counts only: the parent decides the run's end over every worker's sum.
+        out.put(("ok", _batch(flow, db, None, tel).as_dict()))
     except Interrupted as exc:
         out.put(("stopped", exc.signum, exc.stats.as_dict()))
     except OnceqError as exc:  # re-raised by the parent as the same kind (same exit code)
@@ -261,6 +286,7 @@ def consume_parallel(
         return consume(flow, db_path, telemetry=tel)
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    flow = _shared_guard(flow, ctx)
     procs = [
         # fork: the flow (and a user's functions in it) is inherited, never pickled.
         ctx.Process(target=_worker_main, args=(flow, db_path, out, i, tel))
@@ -287,7 +313,23 @@ def consume_parallel(
         while (late := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
             stopped_by.append(late.si_signo)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return _total(root, results, stopped_by)
+    total = _total(root, results, stopped_by)
+    raise_for(flow, total)
+    return total
+
+
+def _shared_guard(flow: Flow, ctx: Any) -> Flow:
+    """The flow with one guard count for every child: "the first N" of the whole run.
+
+    Each child counting its own would let W workers reject W x N files before all of
+    them stopped; shared, the run stops after N plus what the others had in flight.
+    """
+    from onceq.misconfig import SharedTally
+
+    policy = flow.guard_policy()
+    if not policy.enabled:
+        return flow
+    return dataclasses.replace(flow, guard=dataclasses.replace(policy, shared=SharedTally(ctx)))
 
 
 def _collect(
