@@ -46,7 +46,7 @@ from typing import Any
 
 from onceq import faults
 from onceq.effect import effect_raised
-from onceq.errors import LedgerUnavailable
+from onceq.errors import LedgerUnavailable, redact_text
 from onceq.holds import Holds
 from onceq.inflight import Checked, InflightGuard, Leases, guard_for
 from onceq.ledger import Entry, Ledger
@@ -313,7 +313,16 @@ class Consumer:
         try:
             outcome = self.decode(d)
         except Exception as exc:
-            log.exception("decoder failed on %s", d.ref, extra={"event": "decoder-failed"})
+            # A bug report, not a traceback per message: one line (type and masked
+            # message), the traceback at DEBUG only, as for an effect's exception.
+            log.error(
+                "the decoder raised %s on %s; dead-lettered as internal-error"
+                " (the traceback at --log-level debug)",
+                redact_text(f"{type(exc).__name__}: {exc}")[:200], d.ref,
+                extra={"event": "decoder-failed", "reason": "internal-error"},
+            )  # fmt: skip
+            log.debug("the decoder's traceback on %s", d.ref, exc_info=exc,
+                      extra={"event": "decoder-failed"})  # fmt: skip
             d.msg_id = None  # whatever it set before failing is not a checked id
             return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
         if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -179,6 +180,24 @@ def test_an_exception_in_the_decoder_is_that_message_s_dead_letter(
         }
         assert all(r["msg_id"] is None for r in ledger.dead_letters())  # "b" was never set
     assert (stats.processed, stats.dead, stats.reasons["internal-error"]) == (2, 3, 3)
+
+
+def test_a_decoder_s_exception_is_one_line_and_its_traceback_only_at_debug(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug report per message, never a traceback on stderr at the default level."""
+    t = MemoryTransport()
+    t.publish(json.dumps({"boom": 1, "msg_id": "b"}).encode(), ref="boom")
+    caplog.set_level(logging.DEBUG, logger="onceq")
+    with Ledger(tmp_path / "l.db") as ledger:
+        asyncio.run(asyncio.wait_for(Consumer(t, ledger, _doc_decode, no_effect).run(), 30))
+    mine = [r for r in caplog.records if getattr(r, "event", None) == "decoder-failed"]
+    errors = [r for r in mine if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    line = errors[0].getMessage()
+    assert "RuntimeError: a bug in the decoder" in line and "boom" in line
+    assert "--log-level debug" in line
+    assert [r.levelno for r in mine if r.exc_info] == [logging.DEBUG]
 
 
 def test_an_id_the_ledger_cannot_store_is_refused_whatever_the_decoder(tmp_path: Path) -> None:
