@@ -18,12 +18,12 @@ from support import SAMPLE, run_cli
 pytestmark = pytest.mark.slow  # real commands and the invoice partner stub, no broker
 
 
-def _consume(q: Path, stub: Partner) -> str:
+def _consume(q: Path, stub: Partner, code: int = 0) -> str:
     r = run_cli(
         "dirq", "consume", str(q), "--flow", "invoices", "--id-field", "invoiceId",
         "--url", f"{stub.url}/api/invoices", "--retry", "none",
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == code, r.stderr
     return r.stdout
 
 
@@ -62,7 +62,7 @@ def test_edit_in_error_then_replay(tmp_path: Path) -> None:
             '{"invoiceId": "INV-5", "customer": "Umbrella", "total": -6}'
         )
         _replay(q, "inv-005-negative.json")
-        assert "1 quarantined" in _consume(q, stub)
+        assert "1 quarantined" in _consume(q, stub, 11)  # its only message failed again
         assert _dead(q)["inv-005-negative.json"] == ("http-422", 1)
         # Corrected for good (same id); given the id it lacked; its id changed.
         (err / "inv-005-negative.json").write_text(
