@@ -295,6 +295,6 @@ async def publish(
     problem = report.problem(len(messages), where, routing_key)
     if problem:
         exc = Unroutable(problem)
-        exc.report = report  # type: ignore[attr-defined]  # the CLI's --json prints it
+        exc.report = report  # the CLI's --json prints it
         raise exc
     return report
