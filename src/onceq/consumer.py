@@ -196,8 +196,8 @@ class Consumer:
                     [*tasks, committer], return_when=asyncio.FIRST_COMPLETED
                 )
                 for t in done:
-                    if not t.cancelled() and t.exception() is not None:
-                        raise t.exception()  # type: ignore[misc]
+                    if not t.cancelled() and (exc := t.exception()) is not None:
+                        raise exc
             if self._failure is not None:  # a handler task failed and is gone from `tasks`
                 raise self._failure
             self._pending.put_nowait(_STOP)
@@ -292,9 +292,11 @@ class Consumer:
             # The lease first, then the turn: a twin of this process that takes the turn
             # must find the lease free.
             if leased:
-                await self.leases.release(d.msg_id)  # type: ignore[arg-type]
+                assert d.msg_id is not None  # a lease is taken only for an id (above)
+                await self.leases.release(d.msg_id)
             if turn is not None:
-                del self._in_flight[d.msg_id]  # type: ignore[arg-type]
+                assert d.msg_id is not None  # so is a turn
+                del self._in_flight[d.msg_id]
                 turn.set()
             self._slots.release()
 

@@ -209,7 +209,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
             raise UsageError(f"{spec}: {module_name} has no attribute {attr}") from None
     if not callable(target):
         raise UsageError(f"{spec}: {attr} is a {type(target).__name__}, not callable")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def _why(exc: BaseException) -> str:

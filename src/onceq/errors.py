@@ -31,10 +31,13 @@ the CLI's last line of defence).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Masking lives in onceq.redact; re-exported here, where every message is made.
 from onceq.redact import redact_text, redact_url
+
+if TYPE_CHECKING:
+    from onceq.amqp.publisher import PublishReport
 
 __all__ = [
     "EXIT_CODES",
@@ -79,6 +82,8 @@ class BadMessage(OnceqError):
 
 class Unroutable(OnceqError):
     exit_code = 6
+    # Set by `mq publish` (onceq.amqp.publisher) when it refuses: its --json counts.
+    report: PublishReport
 
 
 class BrokerUnavailable(OnceqError):

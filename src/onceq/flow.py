@@ -185,8 +185,8 @@ class Flow:
         if self.effect is None:
             return None
         if isinstance(self.effect, HttpEffect | PythonEffect):
-            return self.effect  # type: ignore[return-value]
-        return PythonEffect(self.effect)  # type: ignore[return-value]
+            return self.effect
+        return PythonEffect(self.effect)
 
     def sql_effect(self) -> SqlEffect | None:
         from onceq.effect import SqlEffect

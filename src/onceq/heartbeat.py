@@ -275,16 +275,16 @@ class Heartbeat:
 
             from onceq.pg.schema import conninfo
 
-            conn = psycopg.connect(
+            pg = psycopg.connect(
                 conninfo(str(self.target), connect_timeout=FINAL_WAIT), autocommit=True
             )
             # This session's commits only: the heartbeat is not a guarantee, and an
             # fsync-free commit keeps it off the consumer's WAL flushes. A statement
             # never waits more than a beat (a lock held by a prune, a stuck server).
-            conn.execute("SET synchronous_commit = off")
-            conn.execute("SET statement_timeout = '5s'")
-            conn.execute("SET search_path = onceq")
-            return conn
+            pg.execute("SET synchronous_commit = off")
+            pg.execute("SET statement_timeout = '5s'")
+            pg.execute("SET search_path = onceq")
+            return pg
         # mode=rw: never creates a ledger (the consumer opened, made and migrated it).
         uri = f"file:{quote(str(self.target))}?mode=rw"
         conn = sqlite3.connect(

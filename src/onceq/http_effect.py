@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -119,6 +119,8 @@ class StatusMap:
     duplicate: tuple[int | str, ...] = (409,)
     reject: tuple[int | str, ...] = ("4xx",)
     transient: tuple[int | str, ...] = ("5xx", 408, 425, 429)
+    # The role of each status 0-599, built by __post_init__ (not an argument, not compared).
+    _table: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seen: dict[int | str, str] = {}
@@ -168,12 +170,12 @@ class StatusMap:
             elif isinstance(value, int):
                 value = [value]
             out[role] = tuple(value)
-        return cls(**out)  # type: ignore[arg-type]
+        return cls(**out)
 
     def role(self, status: int) -> str:
         """success | duplicate | reject | transient for one status code."""
         if 0 <= status < 600:
-            return self._table[status]  # type: ignore[attr-defined,no-any-return]
+            return self._table[status]
         return TRANSIENT
 
 

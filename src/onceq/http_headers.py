@@ -112,11 +112,11 @@ def request_headers(
         _no_clash(idempotency_header, seen, "idempotency header")
         seen[idempotency_header.lower()] = idempotency_header
     if "authorization" in seen and _has_userinfo(url):
-        from onceq.amqp.url import shown
+        from onceq.amqp.url import shown as shown_url
 
         raise UsageError(
             # No '@' in these words: the masking reads a URL's userinfo up to the last one.
-            f"url {shown(url)}: credentials in the URL and an Authorization header"
+            f"url {shown_url(url)}: credentials in the URL and an Authorization header"
             f" ({seen['authorization']}) cannot be combined: both are the login, keep one"
         )
     return base

@@ -255,7 +255,9 @@ class Ledger(LedgerOps):
             ("failures", "failures"),
             ("replays", "replays"),
         ):
-            out[key] = int(self._q1(f"SELECT count(*) FROM {table}{where}", args)[0])  # type: ignore[index]
+            row = self._q1(f"SELECT count(*) FROM {table}{where}", args)
+            assert row is not None  # count(*) always answers one row
+            out[key] = int(row[0])
         return out
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:

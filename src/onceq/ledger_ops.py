@@ -21,7 +21,6 @@ A killed operation keeps finished_at NULL and the count of what it did.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,8 @@ from onceq.ledger_values import text
 if TYPE_CHECKING:
     import contextlib
     from pathlib import Path
+
+    from onceq.ledger_rows import Tx
 
 TRANSPORTS = ("amqp", "dirq")
 OPS = ("replay", "purge")
@@ -74,9 +75,9 @@ class LedgerOps:
 
     if TYPE_CHECKING:
         flow: str
-        path: Path
+        path: Path | str  # a file (Ledger) or a URL, its password masked (PgLedger)
 
-        def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]: ...
+        def _transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
         def _rows(
             self, sql: str, args: Sequence[Any] = ()
         ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
@@ -108,7 +109,7 @@ class LedgerOps:
         row = self._q1(_ATTEMPTS, (self.flow, text(msg_id)))
         return int(row[0]) if row else 0
 
-    def failures_in(self, conn: sqlite3.Connection, msg_id: str | None) -> int:
+    def failures_in(self, conn: Tx, msg_id: str | None) -> int:
         """failed_attempts inside the writer's open transaction."""
         return int(conn.execute(_ATTEMPTS, (self.flow, text(msg_id))).fetchone()[0])
 
@@ -256,7 +257,7 @@ class LedgerOps:
             out.append(d)
         return out
 
-    def _add_to_op(self, conn: sqlite3.Connection, op_id: int, n: int) -> None:
+    def _add_to_op(self, conn: Tx, op_id: int, n: int) -> None:
         cur = conn.execute(
             "UPDATE dead_ops SET count = count + ? WHERE id = ? AND flow = ?",
             (n, op_id, self.flow),

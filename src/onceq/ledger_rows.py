@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from onceq.ledger_values import text
 from onceq.transport import Kind, Settle
@@ -21,6 +21,28 @@ if TYPE_CHECKING:
     from onceq.ledger import Entry
 
 T = TypeVar("T")
+
+
+class TxCursor(Protocol):
+    """What the shared SQL reads of a cursor (sqlite3.Cursor, psycopg.RawCursor)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Tx(Protocol):
+    """A connection as the SQL shared by both ledgers sees it (`?` placeholders): a
+    sqlite3.Connection, or a PostgreSQL one wrapped in `onceq.pg.sql.PgTx`."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, args: Sequence[Any] = ..., /) -> TxCursor: ...
+
 
 # Rows per multi-row INSERT at most: 6 parameters each stays far below SQLite's limit
 # of 32766 bound parameters; one statement instead of one per message. A power of two
@@ -72,9 +94,7 @@ def _insert_many(rows: int) -> str:
     )
 
 
-def record_successes(
-    conn: sqlite3.Connection, group: list[Entry]
-) -> tuple[list[Entry], list[Entry]]:
+def record_successes(conn: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
     """Insert the `messages` rows of a group, many per statement; (won, lost).
 
     One multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk: the rows
@@ -115,7 +135,7 @@ def record_successes(
     return won, lost
 
 
-def record_success(conn: sqlite3.Connection, e: Entry, won: list[Entry], lost: list[Entry]) -> None:
+def record_success(conn: Tx, e: Entry, won: list[Entry], lost: list[Entry]) -> None:
     # No SAVEPOINT around the insert (it cost two statements per message): when a
     # statement breaks a constraint, SQLite undoes that statement alone and keeps
     # the transaction (ON CONFLICT ABORT), which is exactly what a savepoint
@@ -141,7 +161,7 @@ def record_success(conn: sqlite3.Connection, e: Entry, won: list[Entry], lost: l
         won.append(e)
 
 
-def failure_recorded(conn: sqlite3.Connection, flow: str, source: str, e: Entry) -> bool:
+def failure_recorded(conn: Tx, flow: str, source: str, e: Entry) -> bool:
     """Did a crashed run already record this very copy's failure?
 
     Only a redelivered copy with a stable ref can tell (a file taken over from a
@@ -165,7 +185,7 @@ def failure_recorded(conn: sqlite3.Connection, flow: str, source: str, e: Entry)
     return replayed is None or replayed[0] is None or replayed[0] < row[0]
 
 
-def record_duplicate(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
+def record_duplicate(conn: Tx, flow: str, source: str, e: Entry, now: str) -> None:
     d = e.delivery
     row = conn.execute(
         "SELECT ref, source FROM messages WHERE flow = ? AND msg_id = ?", (flow, d.msg_id)
@@ -205,7 +225,7 @@ ACTIONS = {Settle.REQUEUE: "requeue", Settle.DELAY: "delay", Settle.DEAD: "dead"
 DETAIL_CAP = 500
 
 
-def record_failure(conn: sqlite3.Connection, flow: str, source: str, e: Entry, now: str) -> None:
+def record_failure(conn: Tx, flow: str, source: str, e: Entry, now: str) -> None:
     action = ACTIONS.get(e.settle, "dead")
     conn.execute(
         "INSERT INTO failures (flow, msg_id, ref, source, reason, detail, attempt,"

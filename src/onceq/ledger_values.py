@@ -64,11 +64,12 @@ def unstorable(value: Any) -> str | None:
     return f"a {type(value).__name__} is not a storable value"
 
 
-def is_data_error(exc: BaseException) -> bool:
+def is_data_error(exc: BaseException | None) -> bool:
     """Did binding one row's values fail (the row's fault), not the database?
 
     Disk, lock, I/O and schema errors are the ledger's: they must stop the run (exit
     8) with the group unsettled, never quarantine the messages that met them.
+    None (a LedgerError without a cause) is not a data error.
     """
     if isinstance(exc, OverflowError | UnicodeEncodeError | sqlite3.DataError):
         return True

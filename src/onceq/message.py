@@ -54,7 +54,7 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,7 +194,9 @@ def _any(name: str, value: Any) -> str | None:
     return None
 
 
-_RULES = {
+Rule = Callable[[str, Any], str | None]  # a field's name and value → its problem, or None
+
+_RULES: dict[str, Rule] = {
     "id": _bad_id,
     "key": _bad_key,
     "integer": _bad_integer,
@@ -216,6 +218,13 @@ class MessageSpec:
     keep: tuple[str, ...] = ()
     types: Mapping[str, str] = field(default_factory=dict)
     max_bytes: int = DEFAULT_MAX_BYTES
+    # The plan decode follows, set by __post_init__ (not arguments, not compared).
+    _id: Path | None = field(init=False, repr=False, compare=False)
+    _required: list[tuple[str, Path]] = field(init=False, repr=False, compare=False)
+    _checks: list[tuple[str, Path, Rule, bool]] = field(init=False, repr=False, compare=False)
+    _keep: list[tuple[str, Path, bool]] = field(init=False, repr=False, compare=False)
+    _group: Path | None = field(init=False, repr=False, compare=False)
+    _seq: Path | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Everything the hot path needs is worked out once here: decode runs per message.
@@ -237,7 +246,8 @@ class MessageSpec:
         idp = None if self.id_field is None else _split(self.id_field, "id_field")
         checks: list[tuple[str, Path, str]] = []
         if self.id_field is not None and not self.id_property:
-            checks.append((self.id_field, idp, self.types.get(self.id_field, "id")))  # type: ignore[arg-type]
+            assert idp is not None  # split from id_field just above
+            checks.append((self.id_field, idp, self.types.get(self.id_field, "id")))
         for name, rule in self.types.items():
             if name != self.id_field or self.id_property:
                 checks.append((name, _split(name, "types"), rule))
@@ -329,13 +339,13 @@ class MessageSpec:
             if isinstance(got, Outcome):
                 return got
             msg_id = got
-        for _, p in self._required:  # type: ignore[attr-defined]
+        for _, p in self._required:
             value = doc.get(p, _ABSENT) if p.__class__ is str else get_path(doc, p)
             if value is None or value is _ABSENT:
                 # Rare: only now the list of every missing field, for the detail.
                 missing = [
                     n
-                    for n, q in self._required  # type: ignore[attr-defined]
+                    for n, q in self._required
                     if (doc.get(q, _ABSENT) if q.__class__ is str else get_path(doc, q))
                     in (None, _ABSENT)
                 ]
@@ -344,34 +354,35 @@ class MessageSpec:
         if problem:
             return _reject("bad-type", problem)
         group = None
-        if self._group is not None:  # type: ignore[attr-defined]
+        if self._group is not None:
             value = (
                 doc.get(self._group, _ABSENT)
                 if self._group.__class__ is str
                 else get_path(doc, self._group)
-            )  # type: ignore[attr-defined]
+            )
             if value is not None and value is not _ABSENT:
                 group = str(value)
         problem = self._check_text(doc, group)
         if problem:
             return _reject("encoding", problem)
-        kept, problem = self._kept(doc)
-        if problem:
-            return problem
+        kept, rejected = self._kept(doc)
+        if rejected:
+            return rejected
         if msg_id is None:
+            assert self._id is not None  # not id_property, so id_field was required
             value = (
                 doc.get(self._id, _ABSENT) if self._id.__class__ is str else get_path(doc, self._id)
-            )  # type: ignore[attr-defined]
+            )
             if value is _ABSENT:  # needed even when a user leaves it out of required
                 return _reject("missing-field", self.id_field or "")
             msg_id = str(value)
         seq = None
-        if self._seq is not None:  # type: ignore[attr-defined]
+        if self._seq is not None:
             seq = (
                 doc.get(self._seq, _ABSENT)
                 if self._seq.__class__ is str
                 else get_path(doc, self._seq)
-            )  # type: ignore[attr-defined]
+            )
             seq = None if seq is _ABSENT else seq
         delivery.msg_id = msg_id
         return Outcome(Kind.SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
@@ -391,7 +402,7 @@ class MessageSpec:
                     if self._id.__class__ is str
                     else get_path(doc, self._id)
                 )
-            )  # type: ignore[attr-defined]
+            )
             if value is None or value is _ABSENT or (isinstance(value, str) and not value.strip()):
                 return _reject("missing-id", f"no message_id property and no {name}")
             if isinstance(value, bool) or not isinstance(value, str | int):
@@ -407,7 +418,7 @@ class MessageSpec:
     def _check_types(self, doc: dict[str, Any]) -> str | None:
         """The first type problem, as a detail string, or None (types, then ranges)."""
         out_of_range = None
-        for name, path, bad, ranged in self._checks:  # type: ignore[attr-defined]
+        for name, path, bad, ranged in self._checks:
             value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if value is _ABSENT:
                 continue
@@ -437,7 +448,8 @@ class MessageSpec:
                 return f"{self.group_field} holds a lone surrogate"
             return None
         why = "holds a lone surrogate (\\ud800-\\udfff), not Unicode text"
-        value = doc.get(self._id, _ABSENT) if self._id.__class__ is str else get_path(doc, self._id)  # type: ignore[attr-defined]
+        assert self._id is not None  # not id_property, so id_field was required
+        value = doc.get(self._id, _ABSENT) if self._id.__class__ is str else get_path(doc, self._id)
         if isinstance(value, str) and not is_utf8(value):
             return f"{self.id_field} {why}"
         if group is not None and not is_utf8(group):
@@ -447,7 +459,7 @@ class MessageSpec:
     def _kept(self, doc: dict[str, Any]) -> tuple[dict[str, Any], Outcome | None]:
         """The kept values by path (absent ones left out), or the rejection of one."""
         kept: dict[str, Any] = {}
-        for name, path, lenient in self._keep:  # type: ignore[attr-defined]
+        for name, path, lenient in self._keep:
             value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
             if value is _ABSENT:
                 continue

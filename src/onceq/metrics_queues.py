@@ -106,10 +106,11 @@ class DirScan:
         a scan in a thread holds the consumer's GIL), in a thread if the child fails."""
         from onceq.metrics_scanner import Scanner
 
-        child: Scanner | None = Scanner(self.root)
+        scanner = Scanner(self.root)
+        child: Scanner | None = scanner
         try:
             try:
-                await child.start()  # type: ignore[union-attr]
+                await scanner.start()
             except OSError:
                 child = None
             while not stop.is_set():

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onceq.errors import OnceqError, UsageError, redact_url
 from onceq.transport import Kind
@@ -63,7 +63,7 @@ class GuardPolicy:
     failures: int = DEFAULT_FAILURES
     exercise: bool = False
     # Set only inside a --workers child: the count its siblings share (not config).
-    shared: Tally | None = field(default=None, compare=False, repr=False)
+    shared: TallyStore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int):
@@ -105,6 +105,29 @@ def _name(key: str) -> str:
 ARMED, DISARMED, TRIPPED = 0, 1, 2
 
 
+class TallyStore(Protocol):
+    """What a guard reads and writes of its tally: a `Tally` or a `SharedTally`.
+
+    count, state and reason change only through add and disarm (read-only here: a
+    SharedTally's live in shared memory, behind its lock); hint is set by the tripper.
+    """
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def state(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    hint: str
+
+    def add(self, reason: str, failures: int) -> int: ...
+
+    def disarm(self) -> None: ...
+
+
 class Tally:
     """The run's count of first failures alike, and its state (ARMED, DISARMED, TRIPPED).
 
@@ -135,7 +158,7 @@ class Tally:
             self.state = DISARMED
 
 
-class SharedTally(Tally):
+class SharedTally:
     """A Tally in shared memory for forked consumer processes (one lock, three values)."""
 
     def __init__(self, ctx: Any) -> None:
@@ -145,19 +168,19 @@ class SharedTally(Tally):
         self._reason = ctx.RawArray("c", 64)  # a reason is a short ASCII word
         self._hint = ctx.RawArray("c", 4096)
 
-    @property  # type: ignore[override]
+    @property
     def count(self) -> int:
         return int(self._count.value)
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> int:
         return int(self._state.value)
 
-    @property  # type: ignore[override]
+    @property
     def reason(self) -> str:
         return bytes(self._reason.value).decode("ascii", "replace")
 
-    @property  # type: ignore[override]
+    @property
     def hint(self) -> str:
         return bytes(self._hint.value).decode("utf-8", "replace")
 
@@ -193,7 +216,7 @@ class MisconfigGuard:
     policy: GuardPolicy = field(default_factory=GuardPolicy)
     url: str | None = None
     id_field: str | None = None
-    tally: Tally = field(default_factory=Tally)
+    tally: TallyStore = field(default_factory=Tally)
     reason: str = ""
     disarmed: bool = False
     tripped: bool = False

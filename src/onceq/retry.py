@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from onceq.errors import UsageError
@@ -95,7 +96,11 @@ class RetryPolicy:
     @classmethod
     def named(cls, name: str) -> RetryPolicy:
         """'default', 'exercise' or 'none' (the --retry option, a flow file's retry = "…")."""
-        policies = {"default": cls, "exercise": cls.exercise, "none": cls.none}
+        policies: dict[str, Callable[[], RetryPolicy]] = {
+            "default": cls,
+            "exercise": cls.exercise,
+            "none": cls.none,
+        }
         if name not in policies:
             raise UsageError(f"retry: {name!r}: not a policy (default, exercise or none)")
         return policies[name]()

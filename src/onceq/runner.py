@@ -274,7 +274,9 @@ async def _wait_all(tasks: list[asyncio.Task[Any]], stop: Stop, gate: Gate) -> l
                     t.cancel()
             stop.request()
             await asyncio.gather(*pending, return_exceptions=True)
-            raise failed[0].exception()  # type: ignore[misc]
+            exc = failed[0].exception()
+            assert exc is not None  # `failed` holds only tasks that raised
+            raise exc
     return [t.result() for t in tasks]
 
 

@@ -103,8 +103,8 @@ class Stop:
         # A signal that came before this loop (while the command loaded its flows,
         # bound its port, started asyncio: onceq.early kept it) stops the run now, as
         # if it had come on the first turn of the loop.
-        for s in early.take():
-            self.on_signal(s)
+        for early_signal in early.take():
+            self.on_signal(early_signal)
         try:
             yield self
         finally:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -283,12 +284,16 @@ class Telemetry:
 
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
-            fm.snapshots.append(lambda i=i: self._slots[i])
+            fm.snapshots.append(functools.partial(self._slot, i))
         root = Path(flow.source.path)
         fm.snapshots.append(lambda: _folder_snapshot(root))
         if self.enabled:
             fm.queue = reader_for(flow, None)
             self._start_reader(fm.queue)
+
+    def _slot(self, i: int) -> Snapshot:
+        """Child i's latest snapshot, read when /metrics is scraped."""
+        return self._slots[i]
 
     def child_report(self, i: int, d: dict[str, Any]) -> None:
         """Child i's latest snapshot, replaced whole (one assignment: the server thread-safe)."""

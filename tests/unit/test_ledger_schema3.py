@@ -154,6 +154,13 @@ def test_a_schema_2_migration_that_fails_midway_leaves_the_ledger_as_it_was(
     assert dump(path) == before
 
 
+def test_order_check_without_a_ledger_named_says_so_in_one_line(tmp_path: Path) -> None:
+    r = run_cli("dirq", "order-check", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "onceq: name the ledger: --db PATH, or QDIR for QDIR/ledger.db\n"
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
 def test_a_damaged_schema_2_ledger_is_refused_unchanged(tmp_path: Path) -> None:
     path = make_v2_ledger(tmp_path / "ledger.db")
     with open_db(path) as conn:

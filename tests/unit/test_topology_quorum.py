@@ -199,3 +199,24 @@ def test_a_broker_elsewhere_is_not_asked_and_says_so_once_at_debug(
 def test_a_copy_drops_the_quorum_queues_own_counters() -> None:
     headers = {"x-delivery-count": 3, "x-acquired-count": 4, "x-onceq-copy": "c1", "a": 1}
     assert copy_headers(headers) == {"x-onceq-copy": "c1", "a": 1}
+
+
+def test_a_queue_named_as_its_own_stem_is_checked_as_a_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--queue orders` (no ".in"): the exchange is called "orders" too and comes first
+    in the topology's objects; the start-up check must read the queue's arguments, not
+    fail on the exchange (found by mypy: an Exchange has no arguments)."""
+    from onceq.amqp import preflight
+
+    t = Topology.for_queue("orders")
+    seen: list[dict] = []
+
+    async def read_arguments(url: str, queue: str, guess: dict) -> QueueFacts:
+        seen.append(guess)
+        return QueueFacts(arguments=dict(guess))
+
+    monkeypatch.setattr(preflight, "read_arguments", read_arguments)
+    facts = asyncio.run(preflight.check_work_queue("amqp://127.0.0.1:1/", t))
+    assert seen == [_queues(t)["orders"]]
+    assert facts is not None and facts.arguments["x-dead-letter-exchange"] == "orders.dlx"

@@ -77,7 +77,7 @@ def _reply(exc: BaseException) -> str:
     aiormq builds a 403/404 as `ChannelAccessRefused(reply_text)` and any other close
     as `ChannelClosed(reply_code, reply_text)`.
     """
-    args = getattr(exc, "args", ())
+    args: tuple[object, ...] = getattr(exc, "args", ())
     if len(args) == 1 and isinstance(args[0], str):
         return args[0]
     if len(args) >= 2 and isinstance(args[1], str):

@@ -96,11 +96,13 @@ class ManagementApi:
                 *(self._get(session, "queues", vhost, n, columns=QUEUE_COLUMNS) for n in names)
             )
         except _Unusable as exc:
-            return self._failed(str(exc))
+            self._failed(str(exc))
+            return None
         if names and not any(isinstance(d, dict) for d in docs):
             # The caller asks only for queues AMQP has just found, and the API lists a
             # queue from its declaration on: 404 for all of them is another web server.
-            return self._failed("not a RabbitMQ management API (404 for queues that exist)")
+            self._failed("not a RabbitMQ management API (404 for queues that exist)")
+            return None
         self._answered()
         return {n: d if isinstance(d, dict) else None for n, d in zip(names, docs, strict=True)}
 
@@ -109,9 +111,11 @@ class ManagementApi:
         try:
             doc = await self._get(session, "nodes", columns=NODE_COLUMNS)
         except _Unusable as exc:
-            return self._failed(str(exc))
+            self._failed(str(exc))
+            return None
         if not isinstance(doc, list):
-            return self._failed("not a RabbitMQ management API (/api/nodes is not a list)")
+            self._failed("not a RabbitMQ management API (/api/nodes is not a list)")
+            return None
         self._answered()
         return [d for d in doc if isinstance(d, dict)]
 

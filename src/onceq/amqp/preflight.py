@@ -43,7 +43,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceq.amqp.topology import QUEUE, Topology, option_label
+from onceq.amqp.topology import QUEUE, Queue, Topology, option_label
 from onceq.amqp.topology_types import DELIVERY_LIMIT, QUORUM
 from onceq.amqp.url import boundary, close_quietly, connect, shown
 from onceq.errors import Conflict
@@ -201,7 +201,10 @@ async def check_work_queue(url: str, t: Topology) -> QueueFacts | None:
     Also warns, once, about a quorum queue whose delivery limit would let the broker's
     counter decide before onceq's (docs/mq.md, Quorum queues).
     """
-    guess = dict(next(o for o in t.objects()[0] if o.name == t.queue).arguments)
+    # The Queue, not an Exchange of the same name: a queue without the ".in" suffix
+    # ("orders") is its own stem, so its exchange is called "orders" too and comes first.
+    work = next(o for o in t.objects()[0] if isinstance(o, Queue) and o.name == t.queue)
+    guess = dict(work.arguments)
     with boundary(url, f"queue {t.queue}"):
         facts = await read_arguments(url, t.queue, guess)
     if facts is None:

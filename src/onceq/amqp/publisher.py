@@ -260,7 +260,8 @@ async def publish(
                     mandatory=True,
                     # Do not wait for the socket drain per message: the confirm is what
                     # proves the broker took it, and the window bounds what is queued.
-                    wait=False,
+                    # aiormq's Channel takes wait=; its AbstractChannel does not declare it.
+                    wait=False,  # type: ignore[call-arg]
                 )
                 if isinstance(confirm, Basic.Ack):
                     report.published += 1
@@ -294,6 +295,6 @@ async def publish(
     problem = report.problem(len(messages), where, routing_key)
     if problem:
         exc = Unroutable(problem)
-        exc.report = report  # type: ignore[attr-defined]  # the CLI's --json prints it
+        exc.report = report  # the CLI's --json prints it
         raise exc
     return report

@@ -173,7 +173,9 @@ class Topology:
                 retry_delays,
                 queue_type,
             )
-        given = {
+        # Only str fields; typed Any because mypy checks a ** spread against every field
+        # of the dataclass (retry_delays is a tuple), not only the keys this dict holds.
+        given: dict[str, Any] = {
             "exchange": exchange,
             "routing_key": routing_key,
             "dead_letter_exchange": dead_letter_exchange,

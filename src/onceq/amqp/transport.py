@@ -126,7 +126,7 @@ class AmqpTransport(ConsumerControl):
         self.delayed = 0  # copies published into a retry tier (then the original acked)
         self.paused = False  # the breaker paused this consumer (pause … resume)
         self._control_lock = asyncio.Lock()  # pause/resume/probe/drain: one at a time
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # background checks, awaited at close
         self._probe_task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -320,6 +320,7 @@ class AmqpTransport(ConsumerControl):
         # broker to cancel, and the robust channel would wait for a reconnect first
         # (a SIGTERM during an outage would then take CONNECT_TIMEOUT to act).
         if self._queue is not None and self._consuming and self.connected:
+            assert self._active is not None  # set with _consuming (onceq.amqp.control)
             self._cancel_task = asyncio.get_running_loop().create_task(self._cancel(self._active))
 
     async def _cancel(self, tag: str) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from onceq.errors import (
@@ -24,6 +25,9 @@ from onceq.errors import (
     UsageError,
 )
 from onceq.redact import redact_text, redact_url, remember
+
+if TYPE_CHECKING:
+    from aiormq.abc import AbstractConnection
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 ENV_URL = "EAI_AMQP_URL"
@@ -188,7 +192,7 @@ def boundary(url: str, what: str = "") -> Iterator[None]:
         raise translate(exc, url, what) from None
 
 
-async def connect(url: str):  # type: ignore[no-untyped-def]
+async def connect(url: str) -> AbstractConnection:
     """A plain aiormq connection (topology, publisher: one-shot commands, no reconnect)."""
     import aiormq
 
@@ -201,9 +205,13 @@ async def connect(url: str):  # type: ignore[no-untyped-def]
             raise UsageError(f"{shown(url)}: not a valid broker URL") from None
 
 
-async def close_quietly(connection: object) -> None:
-    """Close a connection that may already be broken; the first error is the one to report."""
+async def close_quietly(connection: Any) -> None:
+    """Close a connection that may already be broken; the first error is the one to report.
+
+    `connection`: an aiormq or aio-pika connection, or None (not opened yet): any error
+    closing it, an AttributeError included, is suppressed.
+    """
     import contextlib
 
     with contextlib.suppress(Exception):
-        await connection.close()  # type: ignore[attr-defined]
+        await connection.close()

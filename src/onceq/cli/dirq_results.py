@@ -148,9 +148,12 @@ def order_check(
     from onceq.errors import UsageError
     from onceq.ledger_target import open_ledger
 
-    if db is None and qdir is None:
+    if db is not None:
+        path: Target = db
+    elif qdir is not None:
+        path = DirQueue(qdir).default_db
+    else:
         raise UsageError("name the ledger: --db PATH, or QDIR for QDIR/ledger.db")
-    path = db if db is not None else DirQueue(qdir).default_db  # type: ignore[arg-type]
     sql = read_sql(sql_file) if sql_file is not None else None
     label = "order_no" if flow_name == "default" else "group"
     # A check never creates a ledger.

@@ -254,7 +254,7 @@ def publish(
     except Unroutable as exc:
         # --json: the counts on stdout as after a clean run, then the one line and exit 6.
         if as_json and getattr(exc, "report", None) is not None:
-            emit_json(exc.report.as_dict())  # type: ignore[attr-defined]
+            emit_json(exc.report.as_dict())
         raise
     if as_json:
         emit_json(report.as_dict())

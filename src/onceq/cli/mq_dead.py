@@ -40,7 +40,7 @@ class Target:
 
 def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every `mq dead` command shares: which flow, which ledger."""
-    opts = [
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--queue",
             metavar="Q",

@@ -72,8 +72,8 @@ def dead_files(queue: DirQueue, ledger: Ledger, reason: str | None = None) -> li
     names = sorted(n for n in os.listdir(queue.folder("error")) if is_message_name(n))
     # The newest dead failure of each file name (dead_letters is oldest first).
     by_ref: dict[str, dict[str, Any]] = {}
-    for row in ledger.dead_letters():
-        by_ref[row["ref"]] = row
+    for dead in ledger.dead_letters():
+        by_ref[dead["ref"]] = dead
     out = []
     for name in names:
         row = by_ref.get(name)

@@ -230,7 +230,7 @@ def _in_flight(flow: Flow, handler: object) -> int:
     return 2 * max(int(getattr(flow.effect, "concurrency", 5) or 1), 1)
 
 
-def _worker_main(flow: Flow, db: str, out: mp.Queue, i: int, parent: Telemetry) -> None:  # type: ignore[type-arg]
+def _worker_main(flow: Flow, db: str, out: mp.Queue, i: int, parent: Telemetry) -> None:
     """One --workers child: report ("ok", stats), ("stopped", signum, stats) or an error.
 
     With the parent's metrics on, it also reports ("progress", i, snapshot) every
@@ -285,7 +285,7 @@ def consume_parallel(
     if workers == 1:
         return consume(flow, db_path, telemetry=tel)
     ctx = mp.get_context("fork")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    out: mp.Queue = ctx.Queue()
     flow = _shared_guard(flow, ctx)
     procs = [
         # fork: the flow (and a user's functions in it) is inherited, never pickled.
@@ -334,7 +334,7 @@ def _shared_guard(flow: Flow, ctx: Any) -> Flow:
 
 def _collect(
     procs: list[Any],
-    out: mp.Queue,  # type: ignore[type-arg]
+    out: mp.Queue,
     stopped_by: list[int],
     tel: Telemetry,
 ) -> list[tuple[Any, ...]]:

@@ -42,7 +42,7 @@ import sys
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Any, ClassVar, Protocol, TextIO
 
 from onceq.errors import OnceqError, UsageError
 from onceq.partner.outage import Outage, check
@@ -55,7 +55,7 @@ class RuleSet(Protocol):
     path: str  # the POST route, e.g. "/v1/claims"
     id_field: str  # the body field that is the message id (the Idempotency-Key's value)
     id_stat: str  # its /_stats counter, e.g. "by_guid"
-    tallies: Mapping[str, str]  # further /_stats counters: name → body field
+    tallies: ClassVar[Mapping[str, str]]  # further /_stats counters: name → body field
     default_port: int
 
     def answer(self, doc: Any, ident: str) -> tuple[int, dict[str, Any]]:

@@ -123,7 +123,7 @@ def _run_one(ledger: PgLedger, tx: PgTx, sql: SqlEffect, e: Entry) -> None:
         "DELETE FROM messages WHERE flow = ? AND msg_id = ?", (ledger.flow, e.delivery.msg_id)
     )
     kind, reason, detail = verdict(raised)
-    e.attempt = ledger.failures_in(tx, e.delivery.msg_id) + 1  # type: ignore[arg-type]
+    e.attempt = ledger.failures_in(tx, e.delivery.msg_id) + 1
     e.kind, e.reason, e.detail, e.recovered = kind, reason, detail, False
     policy = e.policy or RetryPolicy(immediate=max(e.max_attempts, 1) - 1, delays=())
     after = getattr(raised, "after", None)

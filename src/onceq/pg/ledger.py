@@ -78,7 +78,7 @@ class PgLedger(LedgerOps):
         create: bool = True,
     ) -> None:
         self.url = url
-        self.path = describe(url)
+        self.path: str = describe(url)
         self.source = source
         self.flow = check_flow_name(flow)
         self.sql = sql
@@ -322,12 +322,12 @@ class PgLedger(LedgerOps):
                     same_verdict(e, w)
         for e in entries:
             if e.kind is Kind.DUPLICATE:
-                record_duplicate(tx, self.flow, self.source, e, now)  # type: ignore[arg-type]
+                record_duplicate(tx, self.flow, self.source, e, now)
             elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                if failure_recorded(tx, self.flow, self.source, e):  # type: ignore[arg-type]
+                if failure_recorded(tx, self.flow, self.source, e):
                     e.recovered = True
                 else:
-                    record_failure(tx, self.flow, self.source, e, now)  # type: ignore[arg-type]
+                    record_failure(tx, self.flow, self.source, e, now)
 
 
 __all__ = ["LedgerUnavailable", "PgLedger"]

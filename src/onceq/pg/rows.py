@@ -47,7 +47,7 @@ _INSERT_ONE = (
 
 
 def _msg_id(e: Entry) -> str:
-    return e.row[1]  # type: ignore[no-any-return]
+    return e.row[1]
 
 
 def pg_build_row(e: Entry, flow: str, source: str, now: str) -> str:

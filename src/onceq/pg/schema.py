@@ -249,7 +249,7 @@ def ensure(conn: psycopg.Connection[Any], where: str, *, create: bool, setup: st
                 # once would race on the catalog as the schema's DDL would.
                 try:
                     with conn.transaction():
-                        conn.execute(setup)  # type: ignore[arg-type]
+                        conn.execute(setup)
                 except psycopg.Error as exc:
                     if isinstance(exc, psycopg.OperationalError):
                         raise
@@ -279,7 +279,7 @@ def _add_tables(conn: psycopg.Connection[Any]) -> None:
             # published state, so it is missed, not required.
             try:
                 with conn.transaction():
-                    conn.execute(ddl)  # type: ignore[arg-type]
+                    conn.execute(ddl)
             except psycopg.errors.InsufficientPrivilege:
                 log.warning(
                     "ledger table onceq.%s is missing and this role may not create it:"
