@@ -159,7 +159,8 @@ def test_a_replayed_file_gets_its_retries_again(tmp_path: Path) -> None:
     # third succeeds. Without the reset its first new failure would be attempt 4: dead.
     with scripted_partner(plan={"T": [(503, None)] * 5}) as p:
         r = run_cli("dirq", "consume", str(q), *flags(p.url, *policy))
-        assert r.returncode == 0 and json.loads(r.stdout)["quarantined"] == 1, r.stdout
+        # Its only file failed: the batch ends 11 (every message failed).
+        assert r.returncode == 11 and json.loads(r.stdout)["quarantined"] == 1, r.stdout
         assert len(p.times("T")) == 3
         assert run_cli("dirq", "replay", str(q), "--reason", "http-503").returncode == 0
         r = run_cli("dirq", "consume", str(q), *flags(p.url, *policy))
@@ -196,7 +197,8 @@ def test_a_bulk_replay_killed_midway_loses_nothing(tmp_path: Path) -> None:
     ids = ["1", "2", "3", "4"]
     q = make_queue(tmp_path, ids)
     with scripted_partner(plan={i: [(422, None)] for i in ids}) as p:
-        assert run_cli("dirq", "consume", str(q), *flags(p.url)).returncode == 0
+        # Four rejections, under the guard's 10: all quarantined, and the batch ends 11.
+        assert run_cli("dirq", "consume", str(q), *flags(p.url)).returncode == 11
         assert len(files(q, "error")) == 4
         env = {"ONCEQ_FAULT": "mid-replay", "ONCEQ_FAULT_AFTER": "2"}
         r = run_cli("dirq", "replay", str(q), "--all", env=env)
