@@ -190,24 +190,37 @@ def verdict(props: Any) -> tuple[str, str] | None:
     if not isinstance(headers, dict):
         return None
     # An explicit stack, not recursion: the table may be nested as deep as pamqp read it.
-    stack: list[tuple[str, Any]] = [("", headers)]
+    # Each entry carries the raw keys and indices that lead to it; the path is written
+    # out only for a verdict (this runs for every delivery: nothing is formatted then).
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), headers)]
     while stack:
         where, value = stack.pop()
         if isinstance(value, Undecodable):
             return BAD_PROPERTY, str(value)
         if isinstance(value, dict):
             for key, item in value.items():
-                path = f"{where}.{show(key)}" if where else show(key)
                 if isinstance(key, str) and not is_utf8(key):
-                    return ENCODING, f"header {path}: its name is not UTF-8 text"
-                stack.append((path, item))
+                    return ENCODING, f"header {_path((*where, key))}: its name is not UTF-8 text"
+                if isinstance(item, dict | list | str):
+                    stack.append(((*where, key), item))
         elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+            stack.extend(((*where, i), item) for i, item in enumerate(value))
         elif isinstance(value, str) and not is_utf8(value):
             # Not bytes: a long string that is not UTF-8 is binary, valid AMQP (pamqp
             # returns it as bytes, and a retry copy carries it as a byte array).
-            return ENCODING, f"header {where}: its value is not UTF-8 text"
+            return ENCODING, f"header {_path(where)}: its value is not UTF-8 text"
     return None
+
+
+def _path(steps: tuple[Any, ...]) -> str:
+    """`'a'.'b'[0]`: a header's place, from the keys (shown) and indices that lead to it."""
+    out = ""
+    for step in steps:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        else:
+            out += f".{show(step)}" if out else show(step)
+    return out
 
 
 def show(name: Any) -> str:
