@@ -105,6 +105,19 @@ def _name(key: str) -> str:
 ARMED, DISARMED, TRIPPED = 0, 1, 2
 
 
+def _step(
+    state: int, count: int, first: str, reason: str, failures: int
+) -> tuple[int, int, str]:
+    """(state, count, reason) after one more permanent failure for `reason`: the one
+    rule both tallies follow (a SharedTally under its lock)."""
+    if state != ARMED:
+        return state, count, first
+    if count and reason != first:
+        return DISARMED, count, first
+    count += 1
+    return (TRIPPED if count >= failures else ARMED), count, reason
+
+
 class TallyStore(Protocol):
     """What a guard reads and writes of its tally: a `Tally` or a `SharedTally`.
 
@@ -144,13 +157,9 @@ class Tally:
 
     def add(self, reason: str, failures: int) -> int:
         """One more permanent failure for `reason`; the state after it."""
-        if self.state == ARMED:
-            if self.count and reason != self.reason:
-                self.state = DISARMED
-            else:
-                self.reason, self.count = reason, self.count + 1
-                if self.count >= failures:
-                    self.state = TRIPPED
+        self.state, self.count, self.reason = _step(
+            self.state, self.count, self.reason, reason, failures
+        )
         return self.state
 
     def disarm(self) -> None:
@@ -189,17 +198,14 @@ class SharedTally:
         self._hint.value = text.encode("utf-8", "replace")[:4095]
 
     def add(self, reason: str, failures: int) -> int:
+        word = reason.encode("ascii", "replace")[:63].decode("ascii")  # as it is stored
         with self._lock:
-            if self._state.value == ARMED:
-                word = reason.encode("ascii", "replace")[:63]
-                if self._count.value and word != self._reason.value:
-                    self._state.value = DISARMED
-                else:
-                    self._reason.value = word
-                    self._count.value += 1
-                    if self._count.value >= failures:
-                        self._state.value = TRIPPED
-            return int(self._state.value)
+            state, count, first = _step(
+                int(self._state.value), int(self._count.value), self.reason, word, failures
+            )
+            self._state.value, self._count.value = state, count
+            self._reason.value = first.encode("ascii")
+            return state
 
     def disarm(self) -> None:
         with self._lock:
