@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 
 from onceq.errors import UsageError
+from onceq.ledger_values import CONTROL_CHARS
 from onceq.redact import MASK, remember_secret
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
@@ -39,9 +40,6 @@ TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
 # '_', '.', '=', '/', '+' (a token's characters, and an API key's, a base64 or JWT
 # secret's too): in `ab12cd=…` nothing tells a name from a secret, so none is shown.
 _SHOWN = re.compile(r"(?=[A-Za-z-]{1,40}(?![A-Za-z0-9_-]))[A-Za-z]+(?:-[A-Za-z]+)*")
-# CR/LF are header injection (aiohttp refuses them); a TAB or another control
-# character is no part of a credential either: one rule, every control character.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # aiohttp sets them from each message's body; a fixed one would be wrong for all.
 COMPUTED = frozenset({"content-length", "transfer-encoding"})
@@ -95,8 +93,10 @@ def request_headers(
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not TOKEN.fullmatch(name):
             raise UsageError(f"header {shown_name(str(name))}: not a header name")
-        # The value is a secret: never shown, not even in these refusals.
-        if not isinstance(value, str) or _CONTROL.search(value):
+        # The value is a secret: never shown, not even in these refusals. CR/LF are
+        # header injection (aiohttp refuses them); a TAB or another control character
+        # is no part of a credential either: one rule, every control character.
+        if not isinstance(value, str) or CONTROL_CHARS.search(value):
             raise UsageError(f"header {name}: its value is not one line of text")
         if _SURROGATE.search(value):
             raise UsageError(f"header {name}: its value holds a byte that is not UTF-8")

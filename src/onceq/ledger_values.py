@@ -13,10 +13,14 @@ ledger checks again (`unstorable`), and stores refs and failure texts through
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# C0 controls and DEL: not in an HTTP header value (aiohttp refuses CR/LF), not in a
+# message id, escaped wherever a name is shown on one line.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def fits_int64(value: int) -> bool:

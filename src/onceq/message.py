@@ -60,14 +60,12 @@ from typing import Any
 
 from onceq.consumer import Outcome
 from onceq.errors import UsageError, redact_text
-from onceq.ledger_values import INT64_MAX, INT64_MIN, fits_int64, is_utf8
+from onceq.ledger_values import CONTROL_CHARS, INT64_MAX, INT64_MIN, fits_int64, is_utf8
 from onceq.transport import Delivery, Kind
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 DETAIL_MAX = 200  # failure rows stay short: a parser's message is evidence, a page is not
 TYPES = ("key", "integer", "number", "string", "lenient-number")
-# C0 controls and DEL: not allowed in an HTTP header value (aiohttp refuses CR/LF).
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 _ABSENT: Any = object()
 _BOM = codecs.BOM_UTF8

@@ -31,12 +31,11 @@ replay. Valid input decodes exactly as before.
 
 from __future__ import annotations
 
-import re
 import struct
 from datetime import UTC, datetime
 from typing import Any
 
-from onceq.ledger_values import is_utf8
+from onceq.ledger_values import CONTROL_CHARS, is_utf8
 
 # The reasons `verdict` gives (see the table above).
 ENCODING = "encoding"
@@ -58,7 +57,6 @@ TEXT_PROPERTIES = {
     "cluster_id": "cluster_id",
 }
 NAME_MAX = 60  # a header name in a detail: enough to find it, never a page
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _installed = False
 
 
@@ -232,7 +230,7 @@ def show(name: Any) -> str:
     except UnicodeEncodeError:  # another lone surrogate: not from the wire
         data = name.encode("utf-8", "backslashreplace")
     raw = data.decode("utf-8", "backslashreplace")
-    raw = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", raw)
+    raw = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", raw)
     if len(raw) > NAME_MAX:
         raw = raw[:NAME_MAX] + "…"
     return f"'{raw}'"
