@@ -37,9 +37,9 @@ def run_dead(
 def consume_exercise(url: str, claim: str, db: Path, prefetch: int = 20) -> Any:
     """One `mq consume --claim CLAIM --until-empty` run with the exercise's rule
     (one immediate retry, then dead; no breaker), in this process."""
-    from onceq.amqp.consume import ConsumeOptions, consume
-    from onceq.flow import claims_flow
-    from onceq.retry import BreakerPolicy, RetryPolicy
+    from onceq.core.retry import BreakerPolicy, RetryPolicy
+    from onceq.flows.flow import claims_flow
+    from onceq.sources.amqp.consume import ConsumeOptions, consume
 
     flow = claims_flow(claim, url=url, prefetch=prefetch)
     flow.retry = RetryPolicy.exercise()

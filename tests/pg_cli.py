@@ -24,7 +24,7 @@ def in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int,
     """(exit code, stdout, stderr) of `onceq ARGS` run in this process."""
     from onceq.cli import main
 
-    # The CLI installs its log handler and quietens aiormq (onceq.logs.setup): put the
+    # The CLI installs its log handler and quietens aiormq (onceq.core.logs.setup): put the
     # test process's logging back afterwards, for the tests that run after this one.
     root = logging.getLogger()
     saved = root.handlers[:], root.level

@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from onceq.ledger import Entry
-from onceq.ledger_target import open_ledger
-from onceq.transport import Delivery, Kind, Settle
+from onceq.core.transport import Delivery, Kind, Settle
+from onceq.ledger.sqlite import Entry
+from onceq.ledger.target import open_ledger
 
 DAY = 86_400.0
 NOW = datetime.now(UTC)

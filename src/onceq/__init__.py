@@ -14,8 +14,8 @@ list): anything else under `onceq.` may change without notice.
 from __future__ import annotations
 
 # First, before any other import: the `onceq run/mq consume/dirq consume` command keeps
-# a stop signal that comes while it starts (onceq.early), instead of dying with 143.
-from onceq.early import catch_for_command as _catch_early
+# a stop signal that comes while it starts (onceq.core.early), instead of dying with 143.
+from onceq.core.early import catch_for_command as _catch_early
 
 _catch_early()
 
@@ -40,32 +40,32 @@ from onceq.errors import (
 # and asyncio, since a short command's time is mostly start-up.
 _LAZY = {
     # a flow and how it runs
-    "Flow": "onceq.flow",
-    "DirSource": "onceq.flow",
-    "RabbitSource": "onceq.flow",
-    "MessageSpec": "onceq.message",
-    "HttpEffect": "onceq.http_effect",
-    "StatusMap": "onceq.http_effect",
-    "PythonEffect": "onceq.effect",
-    "SqlEffect": "onceq.effect",
-    "Reject": "onceq.effect",
-    "Retry": "onceq.effect",
-    "RetryPolicy": "onceq.retry",
-    "BreakerPolicy": "onceq.retry",
-    "GuardPolicy": "onceq.misconfig",
-    "run": "onceq.runner",
-    "run_async": "onceq.runner",
-    "load_flows": "onceq.flowfile",
+    "Flow": "onceq.flows.flow",
+    "DirSource": "onceq.flows.flow",
+    "RabbitSource": "onceq.flows.flow",
+    "MessageSpec": "onceq.core.message",
+    "HttpEffect": "onceq.effects.http",
+    "StatusMap": "onceq.effects.http",
+    "PythonEffect": "onceq.core.effect",
+    "SqlEffect": "onceq.core.effect",
+    "Reject": "onceq.core.effect",
+    "Retry": "onceq.core.effect",
+    "RetryPolicy": "onceq.core.retry",
+    "BreakerPolicy": "onceq.core.retry",
+    "GuardPolicy": "onceq.core.misconfig",
+    "run": "onceq.flows.runner",
+    "run_async": "onceq.flows.runner",
+    "load_flows": "onceq.flows.file",
     # testing a flow, and the loop underneath
-    "MemoryTransport": "onceq.memory",
-    "Consumer": "onceq.consumer",
-    "Outcome": "onceq.consumer",
-    "Stats": "onceq.consumer",
-    "Ledger": "onceq.ledger",
-    "Delivery": "onceq.transport",
-    "Kind": "onceq.transport",
-    "Settle": "onceq.transport",
-    "decide": "onceq.transport",
+    "MemoryTransport": "onceq.sources.memory",
+    "Consumer": "onceq.core.consumer",
+    "Outcome": "onceq.core.consumer",
+    "Stats": "onceq.core.consumer",
+    "Ledger": "onceq.ledger.sqlite",
+    "Delivery": "onceq.core.transport",
+    "Kind": "onceq.core.transport",
+    "Settle": "onceq.core.transport",
+    "decide": "onceq.core.transport",
 }
 
 # Written out (not built from _LAZY): a linter and a reader see the public names here.
@@ -110,18 +110,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ imports
-    from onceq.consumer import Consumer, Outcome, Stats
-    from onceq.effect import PythonEffect, Reject, Retry, SqlEffect
-    from onceq.flow import DirSource, Flow, RabbitSource
-    from onceq.flowfile import load_flows
-    from onceq.http_effect import HttpEffect, StatusMap
-    from onceq.ledger import Ledger
-    from onceq.memory import MemoryTransport
-    from onceq.message import MessageSpec
-    from onceq.misconfig import GuardPolicy
-    from onceq.retry import BreakerPolicy, RetryPolicy
-    from onceq.runner import run, run_async
-    from onceq.transport import Delivery, Kind, Settle, decide
+    from onceq.core.consumer import Consumer, Outcome, Stats
+    from onceq.core.effect import PythonEffect, Reject, Retry, SqlEffect
+    from onceq.core.message import MessageSpec
+    from onceq.core.misconfig import GuardPolicy
+    from onceq.core.retry import BreakerPolicy, RetryPolicy
+    from onceq.core.transport import Delivery, Kind, Settle, decide
+    from onceq.effects.http import HttpEffect, StatusMap
+    from onceq.flows.file import load_flows
+    from onceq.flows.flow import DirSource, Flow, RabbitSource
+    from onceq.flows.runner import run, run_async
+    from onceq.ledger.sqlite import Ledger
+    from onceq.sources.memory import MemoryTransport
 
 
 def _version() -> str:

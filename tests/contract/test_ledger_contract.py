@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceq.effect import Reject, Retry, SqlEffect
+from onceq.core.effect import Reject, Retry, SqlEffect
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.ledger import Entry
-from onceq.ledger_target import is_pg_url, open_ledger
-from onceq.processed_table import PROCESSED_TABLE
-from onceq.transport import Delivery, Kind, Settle
+from onceq.exercise.processed_table import PROCESSED_TABLE
+from onceq.ledger.sqlite import Entry
+from onceq.ledger.target import is_pg_url, open_ledger
 
 
 def success(msg_id: str, ref: str, stable: bool = True, **fields: Any) -> Entry:
@@ -702,7 +702,7 @@ def test_the_precheck_hands_the_ledgers_error_to_every_waiter(pg_url: str) -> No
     import asyncio
 
     from onceq.errors import LedgerUnavailable
-    from onceq.pg.precheck import Precheck
+    from onceq.ledger.pg.precheck import Precheck
 
     def down(ids: Any) -> dict[str, str]:
         raise LedgerUnavailable("away")
@@ -727,10 +727,10 @@ def test_a_kill_9_mid_commit_leaves_business_and_dedup_rows_together(ledger_targ
     code = textwrap.dedent(
         f"""
         import sys
-        from onceq.effect import SqlEffect
-        from onceq.ledger import Entry
-        from onceq.ledger_target import open_ledger
-        from onceq.transport import Delivery, Kind, Settle
+        from onceq.core.effect import SqlEffect
+        from onceq.ledger.sqlite import Entry
+        from onceq.ledger.target import open_ledger
+        from onceq.core.transport import Delivery, Kind, Settle
 
         def save(tx, doc):
             mark = "?" if type(tx).__module__.startswith("sqlite3") else "%s"

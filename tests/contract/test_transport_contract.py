@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from onceq.consumer import Consumer, Handler, Outcome, no_effect
-from onceq.dirq.files import write_atomic
-from onceq.dirq.message import MessageSpec, decode
-from onceq.dirq.queue import DirQueue
-from onceq.dirq.worker import Worker
-from onceq.ledger import Ledger
-from onceq.memory import MemoryTransport
-from onceq.transport import Delivery, Kind, Settle, Transport
+from onceq.core.consumer import Consumer, Handler, Outcome, no_effect
+from onceq.core.transport import Delivery, Kind, Settle, Transport
+from onceq.exercise.orders_0_1_0 import MessageSpec, decode
+from onceq.ledger.sqlite import Ledger
+from onceq.sources.dirq.files import write_atomic
+from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.worker import Worker
+from onceq.sources.memory import MemoryTransport
 
 
 @dataclass
@@ -184,9 +184,9 @@ async def run_dirq(tmp_path: Path, db: Path, handler: Handler) -> tuple[Any, ...
 async def run_amqp(url: str, db: Path, handler: Handler) -> tuple[Any, ...]:
     import aio_pika
 
-    from onceq.amqp import handler as claim
-    from onceq.amqp.topology import declare
-    from onceq.amqp.transport import AmqpTransport
+    from onceq.exercise import claims_0_1_0 as claim
+    from onceq.sources.amqp.topology import declare
+    from onceq.sources.amqp.transport import AmqpTransport
 
     await declare(url)
     conn = await aio_pika.connect(url)

@@ -82,7 +82,7 @@ def test_a_failure_half_way_undoes_the_copy(tmp_path: Path, monkeypatch) -> None
     replaced, and what this call wrote before it is removed again."""
     import pytest
 
-    import onceq.sample as sample
+    import onceq.exercise.sample as sample
     from onceq.errors import Conflict
 
     claims = tmp_path / "fx" / "claims"

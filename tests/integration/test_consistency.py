@@ -164,7 +164,7 @@ def test_the_exercise_consumer_py_exits_0_on_a_stop_signal(
     amqp_url: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     """The exercise's own command (python3 consumer.py, the venv not activated)."""
-    from onceq.lab.mq import write_layout
+    from onceq.exercise.lab.mq import write_layout
 
     d = write_layout(tmp_path)
     topology(amqp_url)

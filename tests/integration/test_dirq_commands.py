@@ -320,7 +320,7 @@ def _imported_modules(*args: str) -> str:
 def test_lag_does_not_import_rich(tmp_path: Path) -> None:
     q = _lag_queue(tmp_path)
     imported = _imported_modules("dirq", "lag", str(q), "9")
-    assert "| onceq.dirq.queue" in imported  # the probe itself works
+    assert "| onceq.sources.dirq.queue" in imported  # the probe itself works
     assert "rich" not in imported
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from onceq.ledger import Ledger
-from onceq.processed_table import PROCESSED_TABLE
+from onceq.exercise.processed_table import PROCESSED_TABLE
+from onceq.ledger.sqlite import Ledger
 from support import SAMPLE, open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the

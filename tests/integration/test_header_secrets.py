@@ -136,7 +136,7 @@ def test_a_traceback_that_quotes_a_header_value_is_masked(
     """The last line of defence: a bug whose exception quotes the token (the whole
     value, or the token alone) is printed through the masking streams."""
     from onceq.cli.flow_options import _header_pairs
-    from onceq.redact import forget_all, guarded_stdio
+    from onceq.core.redact import forget_all, guarded_stdio
 
     try:
         _header_pairs((f"Authorization: Bearer {TOKEN}",))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from mq_support import wait_for
-from onceq.ledger_target import is_pg_url, open_ledger
-from onceq.retention import TABLE_NAMES, stats
+from onceq.ledger.retention import TABLE_NAMES, stats
+from onceq.ledger.target import is_pg_url, open_ledger
 from pg_support import create_database, drop_database
 from retention_support import OLD, backdate, fill, newest_rows_are_new, ok, rows
 from support import run_cli

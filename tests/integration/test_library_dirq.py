@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from onceq import Consumer, Kind, Ledger
-from onceq.consumer import Outcome
-from onceq.dirq.message import MessageSpec, decode
-from onceq.dirq.queue import DirQueue
-from onceq.dirq.worker import Worker
+from onceq.core.consumer import Outcome
+from onceq.exercise.orders_0_1_0 import MessageSpec, decode
+from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.worker import Worker
 from support import open_db
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from mq_support import partner, wait_for
-from onceq.ledger_target import open_ledger
+from onceq.ledger.target import open_ledger
 from retention_support import backdate, ok
 from support import run_cli
 

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from onceq.consumer import Consumer
-from onceq.http_effect import RETRY_AFTER_CAP, HttpEffect
-from onceq.ledger import Ledger
-from onceq.memory import MemoryTransport
-from onceq.message import MessageSpec
-from onceq.retry import RetryPolicy
-from onceq.transport import Delivery, Kind, Settle
+from onceq.core.consumer import Consumer
+from onceq.core.message import MessageSpec
+from onceq.core.retry import RetryPolicy
+from onceq.core.transport import Delivery, Kind, Settle
+from onceq.effects.http import RETRY_AFTER_CAP, HttpEffect
+from onceq.ledger.sqlite import Ledger
+from onceq.sources.memory import MemoryTransport
 
 SPEC = MessageSpec(id_field="id")
 

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from mq_support import claim_doc, cli, ctl, partner, vhost, wait_for, write_claims
-from onceq.ledger_target import is_pg_url
+from onceq.ledger.target import is_pg_url
 from support import run_cli, snapshot
 
 

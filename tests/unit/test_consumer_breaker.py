@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from onceq.consumer import Consumer, Outcome, no_effect
-from onceq.ledger import Ledger
-from onceq.memory import MemoryTransport
-from onceq.retry import BreakerPolicy, RetryPolicy
-from onceq.transport import Delivery, Kind
+from onceq.core.consumer import Consumer, Outcome, no_effect
+from onceq.core.retry import BreakerPolicy, RetryPolicy
+from onceq.core.transport import Delivery, Kind
+from onceq.ledger.sqlite import Ledger
+from onceq.sources.memory import MemoryTransport
 from support import open_db
 
 

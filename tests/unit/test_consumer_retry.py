@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onceq.consumer import Consumer, Outcome
-from onceq.ledger import Ledger
-from onceq.memory import MemoryTransport
-from onceq.retry import RetryPolicy
-from onceq.transport import Delivery, Kind
+from onceq.core.consumer import Consumer, Outcome
+from onceq.core.retry import RetryPolicy
+from onceq.core.transport import Delivery, Kind
+from onceq.ledger.sqlite import Ledger
+from onceq.sources.memory import MemoryTransport
 
 
 def decode(d: Delivery) -> Outcome:

@@ -1,4 +1,4 @@
-"""onceq.amqp.dead_letter: selection rules, --since, x-death reading, a replayed copy's
+"""onceq.sources.amqp.dead_letter: selection rules, --since, x-death reading, a replayed copy's
 properties. Pure functions; the broker side is tests/integration/test_mq_dead.py."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pamqp.commands import Basic
 
-from onceq.amqp.dead_letter import (
+from onceq.errors import UsageError
+from onceq.sources.amqp.dead_letter import (
     UNKNOWN,
     DeadLetter,
     Death,
@@ -23,7 +24,6 @@ from onceq.amqp.dead_letter import (
     replay_properties,
     republish_problem,
 )
-from onceq.errors import UsageError
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

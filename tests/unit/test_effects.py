@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from onceq.effect import PythonEffect, Reject, Retry, load_callable
+from onceq.core.effect import PythonEffect, Reject, Retry, load_callable
+from onceq.core.transport import Delivery, Kind
+from onceq.effects.http import HttpEffect, StatusMap
 from onceq.errors import UsageError
-from onceq.http_effect import HttpEffect, StatusMap
-from onceq.presets import claims_http
-from onceq.transport import Delivery, Kind
+from onceq.exercise.presets import claims_http
 
 # --- StatusMap -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A flow file's retry and breaker keys (onceq.flowfile_retry): good values become the
+"""A flow file's retry and breaker keys (onceq.flows.file_retry): good values become the
 flow's RetryPolicy/BreakerPolicy; each mistake is one `FILE: line N: key: why` line,
 all of them collected; `onceq check` shows the policies each flow runs with."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from onceq.flowfile import FlowFileError, load_flows
-from onceq.retry import BreakerPolicy, RetryPolicy
+from onceq.core.retry import BreakerPolicy, RetryPolicy
+from onceq.flows.file import FlowFileError, load_flows
 from support import run_cli
 
 HEAD = """\

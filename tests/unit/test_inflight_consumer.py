@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from onceq.consumer import Consumer, Outcome
+from onceq.core.consumer import Consumer, Outcome
+from onceq.core.inflight import FileGuard, guard_for
+from onceq.core.retry import RetryPolicy
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerUnavailable
-from onceq.inflight import FileGuard, guard_for
-from onceq.ledger_target import open_ledger
-from onceq.memory import MemoryTransport
-from onceq.retry import RetryPolicy
-from onceq.transport import Delivery, Kind, Settle
+from onceq.ledger.target import open_ledger
+from onceq.sources.memory import MemoryTransport
 
 N = 30
 

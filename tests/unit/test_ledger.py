@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import onceq.ledger as ledger_module
-from onceq.dirq.order import DEFAULT_SQL, run_check
+import onceq.ledger.sqlite as ledger_module
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.ledger import Entry, Ledger, encode_kept
-from onceq.ledger_rows import chunks
-from onceq.processed_table import PROCESSED_TABLE
-from onceq.transport import Delivery, Kind, Settle
+from onceq.exercise.processed_table import PROCESSED_TABLE
+from onceq.ledger.rows import chunks
+from onceq.ledger.sqlite import Entry, Ledger, encode_kept
+from onceq.sources.dirq.order import DEFAULT_SQL, run_check
 
 V010_PROCESSED = """CREATE TABLE processed (
     msg_id       TEXT PRIMARY KEY,

@@ -1,7 +1,7 @@
 """A ledger written by onceq 0.1.0 is migrated to schema 3 in place, in one transaction.
 
 `make_v010_ledger` builds a real 0.1.0 ledger: 0.1.0's DDL (verbatim from
-`git show 036b324:src/onceq/ledger_db.py`), WAL as 0.1.0 set it, and rows in every
+`git show 036b324:src/onceq/ledger/db.py`), WAL as 0.1.0 set it, and rows in every
 table, as a run of 0.1.0 left them.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError
-from onceq.ledger import Entry, Ledger
-from onceq.processed_table import PROCESSED_TABLE
-from onceq.transport import Delivery, Kind, Settle
+from onceq.exercise.processed_table import PROCESSED_TABLE
+from onceq.ledger.sqlite import Entry, Ledger
 from support import open_db, run_cli
 
 V010_SCHEMA = """
@@ -170,8 +170,8 @@ def test_two_processes_opening_one_010_ledger_migrate_it_once(tmp_path: Path) ->
     start = time.time() + 1.0
     script = textwrap.dedent(
         f"""
-        import time, onceq.ledger_migrate as m
-        from onceq.ledger import Ledger
+        import time, onceq.ledger.migrate as m
+        from onceq.ledger.sqlite import Ledger
         real = m.migrate
         def spy(conn, p):
             did = real(conn, p)

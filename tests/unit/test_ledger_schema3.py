@@ -1,5 +1,5 @@
 """Ledger schema 3: a schema-2 ledger migrated in place, attempts reset by a replay, the
-failure detail cap, delay_s, and the dead-letter operations' audit (onceq.ledger_ops)."""
+failure detail cap, delay_s, and the dead-letter operations' audit (onceq.ledger.ops)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from onceq.consumer import Consumer, Outcome
+from onceq.core.consumer import Consumer, Outcome
+from onceq.core.retry import RetryPolicy
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError
-from onceq.ledger import Entry, Ledger
-from onceq.ledger_rows import DETAIL_CAP
-from onceq.memory import MemoryTransport
-from onceq.retry import RetryPolicy
-from onceq.transport import Delivery, Kind, Settle
+from onceq.ledger.rows import DETAIL_CAP
+from onceq.ledger.sqlite import Entry, Ledger
+from onceq.sources.memory import MemoryTransport
 from support import open_db, run_cli
 
-# Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger_db.py`.
+# Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger/db.py`.
 V2_SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     flow              TEXT NOT NULL,

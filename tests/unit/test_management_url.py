@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.amqp.depths import flow_queues, management_api
+from onceq.core.retry import RetryPolicy
 from onceq.errors import UsageError
-from onceq.flow import Flow, RabbitSource
-from onceq.retry import RetryPolicy
+from onceq.flows.flow import Flow, RabbitSource
+from onceq.sources.amqp.depths import flow_queues, management_api
 
 AMQP = "amqp://alice:amqpSECRET1@broker.example:5672/prod"
 

@@ -18,8 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import onceq
 from metrics_support import Scrape, answers, healthz
-from onceq.ledger import Entry
-from onceq.metrics import (
+from onceq.core.stats import COUNTS, OUTCOMES, Stats, outcome_of
+from onceq.core.transport import Delivery, Kind, Settle
+from onceq.ledger.sqlite import Entry
+from onceq.ops.metrics import (
     BUCKETS,
     Durations,
     FlowMetrics,
@@ -28,10 +30,8 @@ from onceq.metrics import (
     snapshot_dict,
     snapshot_from_dict,
 )
-from onceq.metrics_queues import RabbitDepths
-from onceq.stats import COUNTS, OUTCOMES, Stats, outcome_of
-from onceq.telemetry import OpsOptions, Telemetry
-from onceq.transport import Delivery, Kind, Settle
+from onceq.ops.metrics_queues import RabbitDepths
+from onceq.ops.telemetry import OpsOptions, Telemetry
 from support import free_port
 
 
@@ -140,7 +140,7 @@ def test_two_registries_in_one_process_never_collide() -> None:
 
 
 def test_rabbit_depths_sum_the_tiers_and_add_unacked() -> None:
-    from onceq.amqp.depths import QueueDepth
+    from onceq.sources.amqp.depths import QueueDepth
 
     r = RabbitDepths.__new__(RabbitDepths)
     r.states = [("ready", "q"), ("retry", "q.5s"), ("retry", "q.30s"), ("dead", "q.dead")]

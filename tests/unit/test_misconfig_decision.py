@@ -1,4 +1,4 @@
-"""The misconfiguration guard's decision (onceq.misconfig), pure, and the loop obeying it.
+"""The misconfiguration guard's decision (onceq.core.misconfig), pure, and the loop obeying it.
 
 The first N verdicts all REJECTED for the same reason trip it; one success, duplicate,
 transient failure or other reason among them disarms it for the run; HELD is no
@@ -17,12 +17,9 @@ from typing import Any
 import pytest
 
 import onceq
-from onceq.consumer import Consumer, Outcome, no_effect
-from onceq.errors import AllFailed, Misconfigured, UsageError
-from onceq.ledger import Ledger
-from onceq.memory import MemoryTransport
-from onceq.message import MessageSpec
-from onceq.misconfig import (
+from onceq.core.consumer import Consumer, Outcome, no_effect
+from onceq.core.message import MessageSpec
+from onceq.core.misconfig import (
     DEFAULT_FAILURES,
     GuardPolicy,
     MisconfigGuard,
@@ -30,8 +27,11 @@ from onceq.misconfig import (
     run_error,
     top_level_keys,
 )
-from onceq.stats import Stats
-from onceq.transport import Delivery, Kind
+from onceq.core.stats import Stats
+from onceq.core.transport import Delivery, Kind
+from onceq.errors import AllFailed, Misconfigured, UsageError
+from onceq.ledger.sqlite import Ledger
+from onceq.sources.memory import MemoryTransport
 
 R, S, D, T, H = Kind.REJECTED, Kind.SUCCESS, Kind.DUPLICATE, Kind.TRANSIENT, Kind.HELD
 
@@ -300,7 +300,7 @@ def test_any_other_reason_is_named_without_its_detail() -> None:
 
 def test_the_guard_flags_over_a_preset_and_an_own_flow() -> None:
     from onceq.cli.retry_options import apply_retry
-    from onceq.flow import DirSource, Flow, orders_flow
+    from onceq.flows.flow import DirSource, Flow, orders_flow
 
     preset = orders_flow("/nonexistent")
     assert preset.guard_policy() == GuardPolicy.exercise_rule()

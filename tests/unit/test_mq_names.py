@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from onceq.amqp.publisher import check_target, load_message, load_messages
-from onceq.amqp.topology import (
+from onceq.errors import BadMessage, UsageError
+from onceq.sources.amqp.publisher import check_target, load_message, load_messages
+from onceq.sources.amqp.topology import (
     BINDINGS,
     EXCHANGES,
     QUEUES,
@@ -18,7 +19,6 @@ from onceq.amqp.topology import (
     Topology,
     plan,
 )
-from onceq.errors import BadMessage, UsageError
 
 
 def test_claims_preset_is_the_exercise_names() -> None:

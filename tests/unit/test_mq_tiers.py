@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.amqp.retry import copy_headers
-from onceq.amqp.topology import Queue, Topology, plan
+from onceq.core.retry import DEFAULT_DELAYS, RetryPolicy
 from onceq.errors import UsageError
-from onceq.flow import Flow, RabbitSource, claims_flow
-from onceq.retry import DEFAULT_DELAYS, RetryPolicy
+from onceq.flows.flow import Flow, RabbitSource, claims_flow
+from onceq.sources.amqp.retry import copy_headers
+from onceq.sources.amqp.topology import Queue, Topology, plan
 
 
 def test_no_delays_is_exactly_the_exercise_topology() -> None:

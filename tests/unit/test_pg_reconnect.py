@@ -18,12 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceq.effect import SqlEffect
+from onceq.core.effect import SqlEffect
+from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError, LedgerUnavailable
-from onceq.ledger import Entry
-from onceq.ledger_target import open_ledger
-from onceq.pg.reconnect import Reconnector
-from onceq.transport import Delivery, Kind, Settle
+from onceq.ledger.pg.reconnect import Reconnector
+from onceq.ledger.sqlite import Entry
+from onceq.ledger.target import open_ledger
 from pg_support import ADMIN_URL
 
 pytestmark = pytest.mark.pg
@@ -212,7 +212,7 @@ def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
     network): the old session still holds the group's transaction, 'in progress'.
     The commit ends that session itself (pg_terminate_backend), so the transaction's
     verdict becomes final (aborted) and the group is written again, once."""
-    import onceq.pg.reconnect as reconnect
+    import onceq.ledger.pg.reconnect as reconnect
 
     class Cut(psycopg.OperationalError):
         pass

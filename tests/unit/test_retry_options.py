@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from onceq.cli.retry_options import apply_retry, retry_from_values, retry_options
+from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.errors import UsageError
-from onceq.flow import DirSource, Flow, orders_flow
-from onceq.retry import BreakerPolicy, RetryPolicy
+from onceq.flows.flow import DirSource, Flow, orders_flow
 
 
 def _parse(*args: str, breaker: bool = True) -> dict[str, Any]:

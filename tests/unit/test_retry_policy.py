@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from onceq.core.retry import BreakerPolicy, RetryPolicy, delay_label, parse_duration
+from onceq.core.transport import Kind, Settle, decide
 from onceq.errors import UsageError
-from onceq.retry import BreakerPolicy, RetryPolicy, delay_label, parse_duration
-from onceq.transport import Kind, Settle, decide
 
 
 def test_the_default_policy_walks_immediate_then_every_tier_then_dead() -> None:

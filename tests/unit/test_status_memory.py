@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.amqp.depths import QueueDepth
-from onceq.amqp.status import memory_of, queue_doc
 from onceq.cli.mq_status import memory_line
 from onceq.errors import NotFound
+from onceq.sources.amqp.depths import QueueDepth
+from onceq.sources.amqp.status import memory_of, queue_doc
 
 MiB = 2**20
 

@@ -8,7 +8,9 @@ import logging
 
 import pytest
 
-from onceq.amqp.preflight import (
+from onceq.errors import UsageError
+from onceq.flows.flow import RabbitSource
+from onceq.sources.amqp.preflight import (
     QueueFacts,
     broker_consumer_timeout,
     consumer_timeout_problem,
@@ -18,11 +20,9 @@ from onceq.amqp.preflight import (
     parse_ctl,
     parse_inequivalent,
 )
-from onceq.amqp.retry import copy_headers
-from onceq.amqp.topology import Queue, Topology, plan
-from onceq.amqp.topology_types import DELIVERY_LIMIT
-from onceq.errors import UsageError
-from onceq.flow import RabbitSource
+from onceq.sources.amqp.retry import copy_headers
+from onceq.sources.amqp.topology import Queue, Topology, plan
+from onceq.sources.amqp.topology_types import DELIVERY_LIMIT
 
 
 def _queues(t: Topology) -> dict[str, dict]:
@@ -207,7 +207,7 @@ def test_a_queue_named_as_its_own_stem_is_checked_as_a_queue(
     """`--queue orders` (no ".in"): the exchange is called "orders" too and comes first
     in the topology's objects; the start-up check must read the queue's arguments, not
     fail on the exchange (found by mypy: an Exchange has no arguments)."""
-    from onceq.amqp import preflight
+    from onceq.sources.amqp import preflight
 
     t = Topology.for_queue("orders")
     seen: list[dict] = []

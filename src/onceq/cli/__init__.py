@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import click
 
+from onceq.core.redact import MASK
 from onceq.errors import OnceqError, redact_text
-from onceq.redact import MASK
 
 EPILOG = (
     "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found"
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     Everything the command writes to stdout/stderr (rich, click, logging, a traceback)
     passes through the URL-password masking: the last line of defence.
     """
-    from onceq.redact import guarded_stdio
+    from onceq.core.redact import guarded_stdio
 
     with guarded_stdio():
         _main(argv)
@@ -86,7 +86,7 @@ def _main(argv: list[str] | None) -> None:
         sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
-        from onceq.logs import say  # a JSON object when the command logs JSON
+        from onceq.core.logs import say  # a JSON object when the command logs JSON
 
         say(redact_text(str(exc)), "error")
         sys.exit(exc.exit_code)

@@ -2,7 +2,7 @@
 
 click.Path would turn `postgresql://u:pw@h/db` into `postgresql:/u:pw@h/db` (a Path
 folds `//`) and click would quote it, password and all, in its own errors. This type
-keeps a URL a str, checked (`onceq.ledger_target.as_target`), and gives a path
+keeps a URL a str, checked (`onceq.ledger.target.as_target`), and gives a path
 click.Path's checks (a folder in its place is refused, exit 2).
 """
 
@@ -24,7 +24,7 @@ class LedgerTargetType(click.ParamType):
     _path = click.Path(path_type=Path, dir_okay=False)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from onceq.ledger_target import as_target
+        from onceq.ledger.target import as_target
 
         if isinstance(value, Path):
             return value

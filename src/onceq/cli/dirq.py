@@ -23,11 +23,11 @@ from onceq.cli.flow_options import flow_options
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
-from onceq.ledger_target import Target
+from onceq.ledger.target import Target
 
 if TYPE_CHECKING:
-    from onceq.consumer import Stats
-    from onceq.telemetry import Telemetry
+    from onceq.core.consumer import Stats
+    from onceq.ops.telemetry import Telemetry
 
 
 @click.group()
@@ -58,7 +58,7 @@ def init(qdir: Path, source: Path | None) -> None:
     Example:
       onceq dirq init ./q --from ./fixtures/orders   # after: onceq sample ./fixtures
     """
-    from onceq.dirq.queue import DirQueue
+    from onceq.sources.dirq.queue import DirQueue
 
     n = DirQueue(qdir).init(source)
     click.echo(f"{qdir}: ready, {n} message(s) queued")
@@ -147,11 +147,11 @@ def consume(
       onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
       onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s
     """
-    from onceq.dirq.queue import DirQueue
-    from onceq.dirq.run import Interrupted
+    from onceq.core.logs import setup as setup_logs
     from onceq.errors import AllFailed, Misconfigured
-    from onceq.flow import open_ledger
-    from onceq.logs import setup as setup_logs
+    from onceq.flows.flow import open_ledger
+    from onceq.sources.dirq.queue import DirQueue
+    from onceq.sources.dirq.run import Interrupted
 
     ops = pop_ops(flags)
     setup_logs(ops.log_format, ops.log_level)
@@ -193,7 +193,7 @@ def _base_flow(
     qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
 ) -> Any:
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
-    from onceq.flow import DirSource, orders_flow
+    from onceq.flows.flow import DirSource, orders_flow
 
     if not is_generic(flags):
         check_http_flags(flags)
@@ -218,7 +218,7 @@ def _base_flow(
 
 def _run_consume(flow: Any, db: Target | None, workers: int, telemetry: Telemetry) -> Stats:
     from onceq.cli.progress import live_progress
-    from onceq.dirq.run import DEAD_WORD, consume, consume_parallel
+    from onceq.sources.dirq.run import DEAD_WORD, consume, consume_parallel
 
     if workers > 1:  # the work is in child processes; they report only at their end
         return consume_parallel(flow, db, None, workers, telemetry)
@@ -255,8 +255,8 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
       onceq dirq lag ./q 100 || echo "the consumers are behind"
     """
     # Deliberately light: no rich, no ledger; a monitor may run this every second.
-    from onceq.dirq.queue import DirQueue
     from onceq.errors import NotFound, UsageError
+    from onceq.sources.dirq.queue import DirQueue
 
     if not threshold.isascii() or not threshold.isdigit():
         raise UsageError(f"threshold {threshold!r}: not a non-negative integer")

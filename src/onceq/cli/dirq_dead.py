@@ -1,7 +1,7 @@
 """`onceq dirq dead list` and `onceq dirq replay`: a directory queue's dead letters.
 
 The files in error/ are its dead letters; the ledger says what each died of. The
-library (onceq.dirq.dead, onceq.dirq.queue) decides and checks; this module parses
+library (onceq.sources.dirq.dead, onceq.sources.dirq.queue) decides and checks; this module parses
 and reports.
 """
 
@@ -15,7 +15,7 @@ from onceq.cli.db_option import db_option
 from onceq.cli.dirq_results import DB_HELP, QDIR, READ_FLOW_HELP
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json, note_new_ledger
-from onceq.ledger_target import Target
+from onceq.ledger.target import Target
 
 
 @click.group()
@@ -48,9 +48,9 @@ def list_(qdir: Path, reason: str | None, db: Target | None, flow_name: str, as_
       onceq dirq dead list ./q
       onceq dirq dead list ./inv --flow invoices --reason http-503 --json
     """
-    from onceq.dirq.dead import dead_files
-    from onceq.dirq.queue import DirQueue
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.target import open_ledger
+    from onceq.sources.dirq.dead import dead_files
+    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir).check()
     with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
@@ -105,7 +105,7 @@ def replay(
       onceq dirq replay ./inv --all --flow invoices --json
     """
     from onceq.errors import UsageError
-    from onceq.ledger import check_flow_name
+    from onceq.ledger.sqlite import check_flow_name
 
     chosen = [w for w, on in (("FILE", file is not None), ("--all", everything),
                               ("--reason", reason is not None)) if on]  # fmt: skip
@@ -122,8 +122,8 @@ def replay(
 
 
 def _replay_one(qdir: Path, file: str, db: Target | None, flow_name: str, as_json: bool) -> None:
-    from onceq.dirq.queue import DirQueue
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.target import open_ledger
+    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir)
 
@@ -149,9 +149,9 @@ def _replay_many(
     flow_name: str,
     as_json: bool,
 ) -> None:
-    from onceq.dirq.dead import replay_files, select
-    from onceq.dirq.queue import DirQueue
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.target import open_ledger
+    from onceq.sources.dirq.dead import replay_files, select
+    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir).check()
     # The reasons are the ledger's: a bulk replay reads it and never creates it.

@@ -15,7 +15,7 @@ import click
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json
-from onceq.ledger_target import Target
+from onceq.ledger.target import Target
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
 # the same in every command (click's own file_okay check would make a file exit 2).
@@ -55,8 +55,8 @@ def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def write_output(path: Path, text: str) -> Path:
     """Write a result file atomically (a reader never sees half of it)."""
-    from onceq.dirq.files import write_atomic
     from onceq.errors import NotFound, UsageError
+    from onceq.sources.dirq.files import write_atomic
 
     if not path.parent.is_dir():
         raise NotFound(f"{path.parent}: no such folder for {path.name}")
@@ -89,8 +89,8 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
     Example:
       onceq dirq schema ./q -o ./q/schema.csv
     """
-    from onceq.dirq.message import MessageSpec
-    from onceq.dirq.schema import schema_csv
+    from onceq.exercise.orders_0_1_0 import MessageSpec
+    from onceq.sources.dirq.schema import schema_csv
 
     spec = MessageSpec(required=parse_required(required), max_bytes=max_bytes)
     text = schema_csv(qdir, spec)
@@ -143,10 +143,10 @@ def order_check(
       onceq dirq order-check ./q --sql my-check.sql --json
       onceq dirq order-check ./q --flow invoices
     """
-    from onceq.dirq.order import read_sql, render, run_check
-    from onceq.dirq.queue import DirQueue
     from onceq.errors import UsageError
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.target import open_ledger
+    from onceq.sources.dirq.order import read_sql, render, run_check
+    from onceq.sources.dirq.queue import DirQueue
 
     if db is not None:
         path: Target = db
@@ -196,9 +196,9 @@ def report(qdir: Path, db: Target | None, flow_name: str, as_json: bool) -> None
     Example:
       onceq dirq report ./q && cat ./q/error.csv
     """
-    from onceq.dirq.queue import DirQueue
-    from onceq.dirq.report import write_report
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.target import open_ledger
+    from onceq.sources.dirq.queue import DirQueue
+    from onceq.sources.dirq.report import write_report
 
     queue = DirQueue(qdir).check()
     with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:

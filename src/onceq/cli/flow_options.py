@@ -1,6 +1,6 @@
 """The message-spec and HTTP-effect flags `dirq consume` and `mq consume` share.
 
-They build the same `Flow` a flow file's table builds (onceq.flow), so a flag run
+They build the same `Flow` a flow file's table builds (onceq.flows.flow), so a flag run
 and a flow-file run are one code path. No spec or effect flag at all means the
 command's exercise preset, exactly as before flows.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
+from onceq.core.redact import remember_secret
 from onceq.errors import UsageError
-from onceq.redact import remember_secret
 
 ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The flags that make a run generic (not the preset); --flow only names it.
@@ -211,7 +211,7 @@ def remember_header_words(argv: list[str]) -> list[str]:
 
 
 def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
-    from onceq.http_headers import parse_header_arg
+    from onceq.effects.http_headers import parse_header_arg
 
     out: dict[str, str] = {}
     for h in headers:
@@ -246,8 +246,8 @@ def build_flow(
     max_bytes: int | None = None,
 ) -> Any:
     """The Flow the flags describe over `source` (a DirSource or RabbitSource)."""
-    from onceq.flow import Flow
-    from onceq.message import MessageSpec
+    from onceq.core.message import MessageSpec
+    from onceq.flows.flow import Flow
 
     check_http_flags(values)
     spec_args: dict[str, Any] = {
@@ -272,7 +272,7 @@ def build_flow(
         raise
     effect = None
     if values.get("http_url"):
-        from onceq.http_effect import HttpEffect, StatusMap
+        from onceq.effects.http import HttpEffect, StatusMap
 
         try:
             statuses = StatusMap.parse(

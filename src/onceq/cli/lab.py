@@ -44,7 +44,7 @@ def fileq(root: Path, fixtures: Path | None, no_run: bool, as_json: bool) -> Non
     Example:
       onceq lab fileq --root /tmp/x && cat /tmp/x/q/order-result.txt
     """
-    from onceq.lab import fileq as lab_fileq
+    from onceq.exercise.lab import fileq as lab_fileq
 
     lab_fileq.run(root, fixtures=fixtures, no_run=no_run, as_json=as_json)
 
@@ -62,6 +62,6 @@ def lab_mq(root: Path) -> None:
     Example:
       onceq lab mq --root /tmp/x && python3 /tmp/x/eaimw/mq/topology.py
     """
-    from onceq.lab import mq as lab_mq_module
+    from onceq.exercise.lab import mq as lab_mq_module
 
     lab_mq_module.run(root)

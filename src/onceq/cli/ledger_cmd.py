@@ -1,6 +1,6 @@
 """`onceq ledger prune|stats`: the ledger's retention, on SQLite and PostgreSQL alike.
 
-The CLI finds the ledger and the flows' retry policies and reports; onceq.retention
+The CLI finds the ledger and the flows' retry policies and reports; onceq.ledger.retention
 decides what goes, when a window is too short, and how the batches run.
 """
 
@@ -51,13 +51,13 @@ def _resolve(db: Any, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
     policies: dict[str, Any] = {}
     target: Any = db
     if flow_file is not None:
-        from onceq.flowfile import load_flows
+        from onceq.flows.file import load_flows
 
         ff = load_flows(flow_file)
         policies = {f.name: f.retry_policy() for f in ff.flows}
         target = db or ff.ledger
     if not target and os.environ.get(ENV_DB):
-        from onceq.ledger_target import as_target
+        from onceq.ledger.target import as_target
 
         target = as_target(os.environ[ENV_DB], ENV_DB)
     if not target:
@@ -66,8 +66,8 @@ def _resolve(db: Any, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
 
 
 def _open(target: Any, flow: str | None) -> Any:
-    from onceq.ledger import check_flow_name
-    from onceq.ledger_target import open_ledger
+    from onceq.ledger.sqlite import check_flow_name
+    from onceq.ledger.target import open_ledger
 
     if flow is not None:
         check_flow_name(flow)
@@ -147,10 +147,10 @@ def prune(
     """
     from datetime import UTC, datetime
 
-    from onceq.ledger_target import describe
-    from onceq.retention import cutoff_of
-    from onceq.retention import prune as prune_rows
-    from onceq.retry import parse_duration
+    from onceq.core.retry import parse_duration
+    from onceq.ledger.retention import cutoff_of
+    from onceq.ledger.retention import prune as prune_rows
+    from onceq.ledger.target import describe
 
     window = parse_duration(older_than, "--older-than")
     target, policies = _resolve(db, flow_file)
@@ -240,7 +240,7 @@ def stats(db: Any, flow_file: Path | None, as_json: bool) -> None:
       onceq ledger stats --db ./q/ledger.db
       onceq ledger stats --flows flows.toml --json
     """
-    from onceq.retention import stats as ledger_stats
+    from onceq.ledger.retention import stats as ledger_stats
 
     target, _ = _resolve(db, flow_file)
     with _open(target, None) as led:

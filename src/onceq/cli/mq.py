@@ -124,9 +124,9 @@ def topology(
     """
     import asyncio
 
-    from onceq.amqp.topology import Topology, declare
-    from onceq.amqp.url import vhost_of
-    from onceq.retry import RetryPolicy
+    from onceq.core.retry import RetryPolicy
+    from onceq.sources.amqp.topology import Topology, declare
+    from onceq.sources.amqp.url import vhost_of
 
     policy = retry_from_values(retry_flags)
     if flow_file is not None:
@@ -170,11 +170,11 @@ def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
 
     A flow without `url` uses EAI_AMQP_URL (the default broker), as `onceq run` does.
     """
-    from onceq.amqp.topology import Topology
-    from onceq.amqp.url import amqp_url
     from onceq.cli.run import load_or_exit
-    from onceq.flow import RabbitSource
-    from onceq.logs import setup as setup_logs
+    from onceq.core.logs import setup as setup_logs
+    from onceq.flows.flow import RabbitSource
+    from onceq.sources.amqp.topology import Topology
+    from onceq.sources.amqp.url import amqp_url
 
     ff = load_or_exit(flow_file, ())
     setup_logs()
@@ -236,9 +236,9 @@ def publish(
     """
     import asyncio
 
-    from onceq.amqp.publisher import check_target, load_messages
-    from onceq.amqp.publisher import publish as do_publish
-    from onceq.message import _split
+    from onceq.core.message import _split
+    from onceq.sources.amqp.publisher import check_target, load_messages
+    from onceq.sources.amqp.publisher import publish as do_publish
 
     try:
         _split(id_field, "id_field")  # the consumer's rule for a path, so both sides agree

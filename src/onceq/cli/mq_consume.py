@@ -19,13 +19,13 @@ from onceq.cli.retry_options import (
     retry_options,
 )
 from onceq.errors import UsageError
-from onceq.ledger_target import Target, describe
+from onceq.ledger.target import Target, describe
 
 
 def cli_url() -> str:
     """The broker URL of every `mq` command, logging set up so no line shows its password."""
-    from onceq.amqp.url import amqp_url
-    from onceq.logs import setup as setup_logs
+    from onceq.core.logs import setup as setup_logs
+    from onceq.sources.amqp.url import amqp_url
 
     setup_logs()
     return amqp_url()
@@ -155,10 +155,10 @@ def consume(
       onceq mq consume --queue invoice.in --id-field invoiceId \\
           --url http://127.0.0.1:9300/api/invoices --until-empty
     """
-    from onceq.amqp.consume import ConsumeOptions, default_db
-    from onceq.amqp.consume import consume as run_consume
     from onceq.cli.progress import live_progress
-    from onceq.logs import setup as setup_logs
+    from onceq.core.logs import setup as setup_logs
+    from onceq.sources.amqp.consume import ConsumeOptions, default_db
+    from onceq.sources.amqp.consume import consume as run_consume
 
     ops = pop_ops(flags)
     url = cli_url()
@@ -191,7 +191,7 @@ def consume(
         emit_json(result.as_dict())
     else:
         _print_consume(result, opts.db, qname)
-    from onceq.misconfig import run_error, stopped_error
+    from onceq.core.misconfig import run_error, stopped_error
 
     if result.stats.misconfigured:  # before "not drained": the guard is why it stopped
         raise stopped_error(result.stats, qname)
@@ -220,7 +220,7 @@ def _consume_flow(
 ) -> Any:
     """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
-    from onceq.flow import RabbitSource, claims_flow
+    from onceq.flows.flow import RabbitSource, claims_flow
 
     if claim_url is not None:
         if is_generic(flags) or queue is not None or required is not None:
@@ -237,7 +237,7 @@ def _consume_flow(
             "mq consume: give --claim URL (the claims preset) or --url URL (your own"
             " flow) (see onceq mq consume --help)"
         )
-    from onceq.amqp.topology import QUEUE
+    from onceq.sources.amqp.topology import QUEUE
 
     source = RabbitSource(queue or QUEUE, url=url, prefetch=prefetch)
     return build_flow(

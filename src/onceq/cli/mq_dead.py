@@ -1,7 +1,7 @@
 """`onceq mq dead list|show|replay|purge`: a flow's dead letters, listed, shown,
 replayed (one with a corrected body), purged.
 
-The CLI parses and reports; onceq.amqp.dead decides (order of the steps, what is
+The CLI parses and reports; onceq.sources.amqp.dead decides (order of the steps, what is
 recorded when).
 """
 
@@ -21,7 +21,7 @@ from onceq.cli.mq_consume import cli_url
 from onceq.cli.mq_dead_output import print_body, print_change, print_list
 from onceq.cli.output import emit_json
 from onceq.errors import NotFound, UsageError
-from onceq.ledger_target import Target as LedgerTarget
+from onceq.ledger.target import Target as LedgerTarget
 
 JSON_HELP = "Print the outcome as JSON."
 FILTER_OPTIONS = ("all_", "ids", "reason")
@@ -80,8 +80,8 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def resolve(values: dict[str, Any]) -> Target:
     """The Target the options name; every mistake refused before connecting (exit 2)."""
-    from onceq.amqp.consume import default_db
-    from onceq.amqp.topology import Topology
+    from onceq.sources.amqp.consume import default_db
+    from onceq.sources.amqp.topology import Topology
 
     names = ("queue", "exchange", "routing_key", "dead_letter_exchange", "dead_letter_queue")
     given = {k: values.pop(k) for k in names}
@@ -97,7 +97,7 @@ def resolve(values: dict[str, Any]) -> Target:
         raise UsageError("--id-field: only with --queue (the claims preset's id is guid)")
     topology = Topology.from_options(*given.values()).check()
     if given["queue"] is None:
-        id_field = "guid"  # the claims preset (onceq.presets.CLAIMS)
+        id_field = "guid"  # the claims preset (onceq.exercise.presets.CLAIMS)
     return Target(
         cli_url(), topology, db or default_db(), flow_name or "default", id_field or "msg_id"
     )
@@ -106,11 +106,11 @@ def resolve(values: dict[str, Any]) -> Target:
 def _from_flow_file(flow_file: Path, flow_name: str, db: LedgerTarget | None) -> Target:
     """--flows FILE: the flow --flow names (its default, `default`, may be left out when
     the file has one rabbitmq flow)."""
-    from onceq.amqp.topology import Topology
-    from onceq.amqp.url import amqp_url
     from onceq.cli.run import load_or_exit
-    from onceq.flow import RabbitSource
-    from onceq.logs import setup as setup_logs
+    from onceq.core.logs import setup as setup_logs
+    from onceq.flows.flow import RabbitSource
+    from onceq.sources.amqp.topology import Topology
+    from onceq.sources.amqp.url import amqp_url
 
     ff = load_or_exit(flow_file, ())
     setup_logs()
@@ -139,7 +139,7 @@ def open_ledger(target: Target) -> Any:
     """The flow's ledger, never created: a dead-letter command on a wrong --db must say
     so, not make an empty ledger that knows no reason and records the operation away
     from the consumer's."""
-    from onceq.ledger_target import describe, open_ledger
+    from onceq.ledger.target import describe, open_ledger
 
     try:
         return open_ledger(target.db, "amqp", flow=target.flow, create=False)
@@ -151,7 +151,7 @@ def open_ledger(target: Target) -> Any:
 
 
 def selection_for_change(values: dict[str, Any]) -> Any:
-    from onceq.amqp.dead_letter import Selection
+    from onceq.sources.amqp.dead_letter import Selection
 
     return Selection.for_change(values.pop("all_"), tuple(values.pop("ids")), values.pop("reason"))
 
@@ -221,8 +221,8 @@ def list_(reason: str | None, since: str | None, limit: int | None, **values: An
       onceq mq dead list --reason http-503 --since 1h
       onceq mq dead list --queue invoice.in --db invoices.db --json
     """
-    from onceq.amqp.dead import browse
-    from onceq.amqp.dead_letter import Selection, parse_since
+    from onceq.sources.amqp.dead import browse
+    from onceq.sources.amqp.dead_letter import Selection, parse_since
 
     as_json = values.pop("as_json")
     selection = Selection(reason=reason, since=parse_since(since) if since else None)
@@ -286,8 +286,8 @@ def replay(dry_run: bool, rate: float | None, body_file: Path | None, **values: 
       onceq mq dead replay --all --queue invoice.in --db invoices.db --json
       onceq mq dead replay --id INV-5 --body inv-5.json --queue invoice.in --db invoices.db
     """
-    from onceq.amqp.dead import replay as do_replay
-    from onceq.amqp.dead_body import load_body
+    from onceq.sources.amqp.dead import replay as do_replay
+    from onceq.sources.amqp.dead_body import load_body
 
     as_json = values.pop("as_json")
     selection = selection_for_change(values)
@@ -337,8 +337,8 @@ def show(msg_id: str, **values: Any) -> None:
       onceq mq dead show 7f3c1a52-0007-4a8e-9c11-5b2d7e0c0007 > claim-7.json
       onceq mq dead show INV-5 --queue invoice.in --db invoices.db --json
     """
-    from onceq.amqp.dead import browse
-    from onceq.amqp.dead_letter import Selection
+    from onceq.sources.amqp.dead import browse
+    from onceq.sources.amqp.dead_letter import Selection
 
     as_json = values.pop("as_json")
     target = resolve(values)
@@ -373,7 +373,7 @@ def purge(dry_run: bool, yes: bool, **values: Any) -> None:
       onceq mq dead purge --reason http-422 --yes
       onceq mq dead purge --id 7f3c1a52-0007-4a8e-9c11-5b2d7e0c0007 --dry-run
     """
-    from onceq.amqp.dead import purge as do_purge
+    from onceq.sources.amqp.dead import purge as do_purge
 
     as_json = values.pop("as_json")
     selection = selection_for_change(values)

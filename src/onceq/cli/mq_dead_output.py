@@ -14,7 +14,7 @@ def print_list(report: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from onceq.ledger_values import text
+    from onceq.core.values import text
 
     out = console()
     if report.matched:
@@ -103,7 +103,7 @@ def change_summary(report: Any) -> str:
 def print_body(report: Any, msg_id: str, as_json: bool) -> None:
     """`show`: the body of the dead letter nearest the head with `msg_id`, on stdout as
     it is (a file to correct and replay with --body); notes on stderr."""
-    from onceq.amqp.dead_body import shown_body
+    from onceq.sources.amqp.dead_body import shown_body
 
     q = report.topology.dead_letter_queue
     if not report.matched:

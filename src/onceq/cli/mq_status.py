@@ -71,10 +71,10 @@ def status(
     """
     import asyncio
 
-    from onceq.amqp.depths import management_api, topology_queues
-    from onceq.amqp.status import read_status
-    from onceq.amqp.topology import Topology, name_problem
-    from onceq.retry import RetryPolicy
+    from onceq.core.retry import RetryPolicy
+    from onceq.sources.amqp.depths import management_api, topology_queues
+    from onceq.sources.amqp.status import read_status
+    from onceq.sources.amqp.topology import Topology, name_problem
 
     policy = retry_from_values(retry_flags)
     names = Topology.from_options(

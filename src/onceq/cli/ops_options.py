@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from onceq.telemetry import LOG_FORMATS, OpsOptions, Telemetry
+from onceq.ops.telemetry import LOG_FORMATS, OpsOptions, Telemetry
 
 OPS_KEYS = ("metrics_port", "metrics_host", "log_format", "log_level")
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 if TYPE_CHECKING:
-    from onceq.consumer import Stats
+    from onceq.core.consumer import Stats
 
 _console = None
 _err_console = None
@@ -53,7 +53,7 @@ def emit_json(obj: Any) -> None:
 
 def fail(message: str) -> None:
     """One line on stderr, no traceback, no markup interpretation (JSON with --log-format json)."""
-    from onceq.logs import say
+    from onceq.core.logs import say
 
     say(message, "error")
 
@@ -108,12 +108,12 @@ def note_new_ledger(path: object) -> None:
     in front of is applied again. On stderr (stdout may be JSON), once per run."""
     # On a terminal a progress line may be drawn: start at column 0 on a clean line, so
     # the note is a line of its own (the progress line is redrawn below it).
-    from onceq.ledger_target import describe
+    from onceq.ledger.target import describe
 
     clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
     # describe: a PostgreSQL ledger is named by its URL, shown without its password.
     where = describe(path if isinstance(path, str) else str(path))
-    from onceq.logs import json_mode, say
+    from onceq.core.logs import json_mode, say
 
     if json_mode():  # every stderr line of a JSON-logging run is a JSON object
         say(f"new ledger at {where}: no message seen before", "new-ledger", logging.WARNING)

@@ -109,7 +109,7 @@ def claim(
       curl -s http://127.0.0.1:9202/_stats
       onceq partner claim --port 9202 --down-for 12 --down-as 503 --retry-after 5
     """
-    from onceq.partner import Claims, run_stub
+    from onceq.exercise.partner import Claims, run_stub
 
     run_stub(Claims, host, port, delay, _down(down_for, down_as, retry_after))
 
@@ -142,6 +142,6 @@ def invoices(
            -d '{"invoiceId": "INV-1", "customer": "ACME", "total": 120.5}'
       curl -s http://127.0.0.1:9300/_stats
     """
-    from onceq.partner import Invoices, run_stub
+    from onceq.exercise.partner import Invoices, run_stub
 
     run_stub(Invoices, host, port, delay, _down(down_for, down_as, retry_after))

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from onceq.ledger import Entry
+    from onceq.ledger.sqlite import Entry
 
 REFRESH = 0.25  # seconds between redraws
 CLEAR = "\r\x1b[2K"  # to column 0, erase the line
@@ -32,7 +32,7 @@ class StatusLine:
     """Counts settled entries and draws them as one line on `stream`."""
 
     def __init__(self, label: str, dead_word: str, stream: TextIO) -> None:
-        from onceq.consumer import Stats
+        from onceq.core.consumer import Stats
 
         self.label = label
         self.stream = stream
@@ -90,7 +90,7 @@ def live_progress(
     label: str, dead_word: str, stream: TextIO | None = None
 ) -> Iterator[Callable[[Sequence[Entry]], None] | None]:
     """Yield an on_settled hook that feeds a status line, or None when not on a terminal."""
-    from onceq.logs import json_mode
+    from onceq.core.logs import json_mode
 
     stream = stream or sys.stderr
     # With --log-format json every stderr line is an object a reader parses, even on

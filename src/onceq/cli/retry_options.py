@@ -12,7 +12,7 @@
 
 The flags only change what was given: a command's preset keeps its own policy (the
 orders preset: no retry, no breaker, no guard) unless a flag says otherwise, so adding these
-flags changed no existing run. The library decides (onceq.retry validates every
+flags changed no existing run. The library decides (onceq.core.retry validates every
 value); this module parses and names the flag in the one-line refusal.
 """
 
@@ -27,9 +27,9 @@ import click
 from onceq.errors import UsageError
 
 if TYPE_CHECKING:
-    from onceq.flow import Flow
-    from onceq.misconfig import GuardPolicy
-    from onceq.retry import BreakerPolicy, RetryPolicy
+    from onceq.core.misconfig import GuardPolicy
+    from onceq.core.retry import BreakerPolicy, RetryPolicy
+    from onceq.flows.flow import Flow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -146,7 +146,7 @@ def _delays(text: str) -> tuple[str, ...]:
 
 def _retry(base: RetryPolicy, values: dict[str, Any]) -> RetryPolicy | None:
     """The policy the retry flags describe over `base`; None when none was given."""
-    from onceq.retry import RetryPolicy, parse_duration
+    from onceq.core.retry import RetryPolicy, parse_duration
 
     name = values.pop("retry", None)
     immediate = values.pop("immediate_retries", None)
@@ -181,7 +181,7 @@ def _retry(base: RetryPolicy, values: dict[str, Any]) -> RetryPolicy | None:
 
 def _breaker(base: BreakerPolicy, values: dict[str, Any]) -> BreakerPolicy | None:
     """The breaker the flags describe over `base`; None when no breaker flag was given."""
-    from onceq.retry import parse_duration
+    from onceq.core.retry import parse_duration
 
     enabled = values.pop("breaker", None)
     settings = {k: values.pop(k, None) for k in _BREAKER_SETTINGS}
@@ -227,7 +227,7 @@ def _guard(base: GuardPolicy, values: dict[str, Any]) -> GuardPolicy | None:
 def retry_from_values(values: dict[str, Any]) -> RetryPolicy | None:
     """The retry policy the flags describe (over the default policy), None if no retry
     flag was given: `mq topology` declares this policy's tiers. Pops the retry keys."""
-    from onceq.retry import RetryPolicy
+    from onceq.core.retry import RetryPolicy
 
     return _retry(RetryPolicy(), values)
 

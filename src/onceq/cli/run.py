@@ -11,14 +11,14 @@ import click
 
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
-from onceq.ledger_target import describe as describe_target
+from onceq.ledger.target import describe as describe_target
 
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
 
 def load_or_exit(file: Path, names: tuple[str, ...]) -> Any:
     """The checked flow file, or every mistake on stderr (one line each) and exit 2."""
-    from onceq.flowfile import FlowFileError, load_flows
+    from onceq.flows.file import FlowFileError, load_flows
 
     try:
         return load_flows(file, names)
@@ -70,7 +70,7 @@ def check(file: Path, as_json: bool) -> None:
     \b
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
-    from onceq.flowfile_retry import describe, summary
+    from onceq.flows.file_retry import describe, summary
 
     ff = load_or_exit(file, ())
     rows = [
@@ -95,12 +95,12 @@ def check(file: Path, as_json: bool) -> None:
 
 
 def _effect_word(flow: Any) -> str:
-    from onceq.http_effect import HttpEffect
+    from onceq.effects.http import HttpEffect
 
     if flow.effect is None:
         return "ledger row"
     if isinstance(flow.effect, HttpEffect):
-        from onceq.redact import redact_url
+        from onceq.core.redact import redact_url
 
         # stdout masks only remembered passwords (4+ characters): a URL onceq prints
         # is masked where it is formatted, so `http://bob:pw@…` shows no `pw` either.
@@ -174,8 +174,8 @@ def run(
     import asyncio
     import dataclasses
 
-    from onceq.logs import setup as setup_logs
-    from onceq.runner import run_flows
+    from onceq.core.logs import setup as setup_logs
+    from onceq.flows.runner import run_flows
 
     host_flag = flags.get("metrics_host")
     ops = pop_ops(flags)
@@ -222,7 +222,7 @@ def run(
         fail(f"{file}: not every source was empty within --max-seconds {max_seconds:g}")
         sys.exit(1)
     if until_empty:
-        from onceq.runner import all_failed_error
+        from onceq.flows.runner import all_failed_error
 
         error = all_failed_error(report, ff.flows)
         if error is not None:

@@ -28,7 +28,7 @@ def sample(dest: Path, as_json: bool) -> None:
       onceq dirq init ./q --from ./fixtures/orders
       onceq mq publish ./fixtures/claims/*.json
     """
-    from onceq.sample import copy_sample
+    from onceq.exercise.sample import copy_sample
 
     written = copy_sample(dest)
     if as_json:

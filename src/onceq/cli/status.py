@@ -80,8 +80,8 @@ def status(
       onceq status --db ./q/ledger.db       # every flow of a ledger
       onceq status flows.toml --watch --interval 5
     """
-    from onceq.logs import setup as setup_logs
-    from onceq.status import gather
+    from onceq.core.logs import setup as setup_logs
+    from onceq.ops.status import gather
 
     # One masked stderr handler, aiormq's connection tracebacks quiet: a broker that is
     # down is the flow's queue_error in the view, said once, not a log line per try.
@@ -142,7 +142,7 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
     import signal
     import threading
 
-    from onceq.status_watch import Rates
+    from onceq.ops.status_watch import Rates
 
     stop = threading.Event()
     code = 0

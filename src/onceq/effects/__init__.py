@@ -1,0 +1,1 @@
+"""effects: see docs/architecture.md."""

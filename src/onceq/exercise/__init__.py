@@ -1,0 +1,1 @@
+"""exercise: see docs/architecture.md."""

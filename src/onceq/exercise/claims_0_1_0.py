@@ -1,0 +1,29 @@
+"""A claim delivery: the claims preset (`onceq.exercise.presets`) under its 0.1.0 names.
+
+The decoder is `CLAIMS` (`onceq.core.message.MessageSpec` with the message_id property
+first, then the body's guid); the call is `claims_http` (`onceq.effects.http`):
+POST CLAIM/v1/claims, only 201 counts, 422 is a rejection, every other status,
+a refused connection and a timeout are transient. One decoder and one HTTP client
+serve every flow; this module only keeps the names `onceq mq` and the publisher use.
+"""
+
+from __future__ import annotations
+
+from onceq.core.consumer import Outcome
+from onceq.core.message import CONTROL_CHARS
+from onceq.core.transport import Delivery
+from onceq.exercise.presets import CLAIMS, CLAIMS_PATH
+
+__all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "check_claim_url", "decode"]
+
+
+def decode(delivery: Delivery) -> Outcome:
+    """Set delivery.msg_id from the message_id property (else the body's guid)."""
+    return CLAIMS.decode(delivery)
+
+
+def check_claim_url(url: str) -> str:
+    """The claim system's base URL, without a trailing slash; UsageError if unusable."""
+    from onceq.sources.amqp.url import check_url
+
+    return check_url(url, "--claim ", ("http", "https"), "a claim system's port").rstrip("/")

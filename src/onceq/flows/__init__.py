@@ -1,0 +1,1 @@
+"""flows: see docs/architecture.md."""

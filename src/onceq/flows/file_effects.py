@@ -1,0 +1,174 @@
+"""A flow's effects and message spec as a flow file writes them: [http], [python],
+[sql] and the spec keys, each mistake named by its key (see `flowfile_keys`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from onceq.core.redact import remember_secret
+from onceq.errors import UsageError
+from onceq.flows.file_keys import HTTP_KEYS, STATUS_KEYS, Mistakes, get, str_list, toml_type
+
+
+def spec_of(t: dict[str, Any], m: Mistakes, where: str) -> Any:
+    from onceq.core.message import MessageSpec
+
+    args: dict[str, Any] = {}
+    for key in ("id_field", "group_field", "seq_field"):
+        value = get(t, key, str, m, where)
+        if value is not None:
+            args[key] = value
+    for key in ("required", "keep"):
+        value = str_list(t, key, m, where)
+        if value is not None:
+            args[key] = value
+    if (prop := get(t, "id_property", bool, m, where)) is not None:
+        args["id_property"] = prop
+    if (size := get(t, "max_bytes", int, m, where)) is not None:
+        if size < 1:
+            m.add(f"{where}.max_bytes", f"must be at least 1, not {size}")
+        else:
+            args["max_bytes"] = size
+    try:
+        return MessageSpec(**args)
+    except UsageError as exc:
+        m.add(where, str(exc))
+        return None
+
+
+def effect_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
+    http = get(t, "http", dict, m, where)
+    python = get(t, "python", dict, m, where)
+    if http is not None and python is not None:
+        m.add(f"{where}.python", "a flow has one call effect: [http] or [python], not both")
+        return None
+    if http is not None:
+        return _http(http, m, f"{where}.http")
+    if python is not None:
+        w = f"{where}.python"
+        for k in python:
+            if k != "function":
+                m.add(f"{w}.{k}", "unknown key (expected: function)")
+        fn = _function(python, m, w, base)
+        if fn is not None:
+            from onceq.core.effect import PythonEffect
+
+            return PythonEffect(fn)
+    return None
+
+
+def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
+    from onceq.effects.http import HttpEffect, StatusMap
+    from onceq.effects.http_headers import shown_name
+
+    for k in t:
+        if k not in HTTP_KEYS:
+            m.add(f"{where}.{k}", f"unknown key (expected: {', '.join(sorted(HTTP_KEYS))})")
+    url = get(t, "url", str, m, where, required=True)
+    headers = get(t, "headers", dict, m, where, {})
+    for hk, hv in headers.items():
+        if not isinstance(hv, str):
+            m.add(f"{where}.headers.{shown_name(hk)}", f"must be text, not {toml_type(hv)}")
+        else:
+            # A secret (its ${ENV} already in it): masked in all later output and logs.
+            remember_secret(hv)
+    # Named once: a value that is not text is not the effect's mistake a second time.
+    headers = {k: v for k, v in headers.items() if isinstance(v, str)}
+    lists: dict[str, Any] = {}
+    for role in STATUS_KEYS:
+        value = get(t, role, list, m, where)
+        if value is None:
+            continue
+        try:
+            StatusMap.parse(**{role: value})
+            lists[role] = value
+        except UsageError as exc:
+            m.add(f"{where}.{role}", _after_role(str(exc), role))
+    statuses = None
+    if len(lists) == sum(role in t for role in STATUS_KEYS):
+        try:
+            statuses = StatusMap.parse(**lists)
+        except UsageError as exc:
+            m.add(where, str(exc))
+    args: dict[str, Any] = {}
+    for key, kind in (
+        ("method", str),
+        ("idempotency_header", str),
+        ("timeout", (int, float)),
+        ("concurrency", int),
+    ):
+        value = get(t, key, kind, m, where)
+        if value is not None:
+            args[key] = value
+    if url is None:
+        return None
+    try:
+        return HttpEffect(url, headers=headers, statuses=statuses, **args)
+    except UsageError as exc:
+        m.add(*_key_of(str(exc), where))
+        return None
+
+
+def _key_of(message: str, where: str) -> tuple[str, str]:
+    """HttpEffect's refusal as (the key, why): 'header X: why' → (WHERE.headers.X, why),
+    'url U: why' → (WHERE.url, 'U: why'), as the flags name their option (--header X:)."""
+    if message.startswith("header "):
+        name, _, why = message[len("header ") :].partition(": ")
+        return f"{where}.headers.{name}", why
+    for head, key in (
+        ("idempotency header ", "idempotency_header"),
+        ("url ", "url"),
+        ("method: ", "method"),
+        ("timeout: ", "timeout"),
+    ):
+        if message.startswith(head):
+            return f"{where}.{key}", message[len(head) :]
+    return where, message
+
+
+def _after_role(message: str, role: str) -> str:
+    """'reject: 4x9 is not …' → '4x9 is not …': the key is already named in front."""
+    for head in (f"{role}: ", f"{role} "):
+        if message.startswith(head):
+            return message[len(head) :]
+    return message
+
+
+def sql_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
+    from onceq.core.effect import SqlEffect
+
+    table = get(t, "sql", dict, m, where)
+    if table is None:
+        return None
+    w = f"{where}.sql"
+    for k in table:
+        if k not in ("function", "setup", "setup_postgresql"):
+            m.add(f"{w}.{k}", "unknown key (expected: function, setup, setup_postgresql)")
+    setup = get(table, "setup", str, m, w)
+    # The DDL for a PostgreSQL ledger when SQLite's would not do (types, AUTOINCREMENT);
+    # without it `setup` runs on both.
+    setup_pg = get(table, "setup_postgresql", str, m, w)
+    fn = _function(table, m, w, base)
+    if fn is None:
+        return None
+    return SqlEffect(function=fn, setup=setup, setup_postgresql=setup_pg)
+
+
+def _function(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
+    """The callable `function` names, imported with the flow file's folder first on sys.path."""
+    from onceq.core.effect import load_callable
+
+    spec = get(t, "function", str, m, where, required=True)
+    if spec is None:
+        return None
+    folder = str(base)
+    # Kept there for the run: the user's module may import its siblings lazily.
+    if not sys.path or sys.path[0] != folder:
+        sys.path.insert(0, folder)
+    try:
+        return load_callable(spec)
+    except UsageError as exc:
+        m.add(f"{where}.function", str(exc))
+        return None

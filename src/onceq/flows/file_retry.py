@@ -1,0 +1,195 @@
+"""A flow's retry policy and circuit breaker as a flow file writes them.
+
+    [flows.invoices]
+    retry = "exercise"              # or "default", "none", or the table:
+    [flows.invoices.retry]
+    immediate = 1                   # retries at once
+    delays = ["5s", "30s", "2m"]    # then one try after each (ms, s, m, h; a number is s)
+    [flows.invoices.breaker]        # or breaker = false
+    enabled = true
+    failures = 5                    # transient failures in a row that open it
+    probe = "1s"                    # first probe, doubling …
+    max_probe = "30s"               # … up to this
+    [flows.invoices.guard]          # or guard = false
+    enabled = true
+    failures = 10                   # the first N messages all failing alike stop the run
+
+A key left out of a table keeps the default (`onceq.core.retry`). No `retry` key: the
+default policy; no `breaker` key: on when the flow has a call effect; no `guard` key:
+the misconfiguration guard on, stopping after 10 (onceq.core.misconfig). Each mistake is
+one `FILE: line N: flows.NAME.retry.delays: why` line (`flowfile_keys.Mistakes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from onceq.core.misconfig import MAX_FAILURES, GuardPolicy
+from onceq.core.retry import BreakerPolicy, RetryPolicy, parse_duration
+from onceq.errors import UsageError
+from onceq.flows.file_keys import Mistakes, get, toml_type
+
+POLICY_NAMES = ("default", "exercise", "none")
+RETRY_KEYS = {"immediate", "delays"}
+BREAKER_KEYS = {"enabled", "failures", "probe", "max_probe"}
+GUARD_KEYS = {"enabled", "failures"}
+
+
+def retry_of(t: dict[str, Any], m: Mistakes, where: str) -> RetryPolicy | None:
+    """The flow's `retry` (a policy's name or a table); None when absent or wrong."""
+    if "retry" not in t:
+        return None
+    key = f"{where}.retry"
+    value = t["retry"]
+    if isinstance(value, str):
+        if value not in POLICY_NAMES:
+            m.add(key, f"must be {', '.join(map(repr, POLICY_NAMES))} or a table, not {value!r}")
+            return None
+        return RetryPolicy.named(value)
+    if not isinstance(value, dict):
+        m.add(key, f"must be a policy's name (text) or a table, not {toml_type(value)}")
+        return None
+    before = len(m)
+    for k in value:
+        if k not in RETRY_KEYS:
+            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(RETRY_KEYS))})")
+    changes: dict[str, Any] = {}
+    immediate = get(value, "immediate", int, m, key)
+    if immediate is not None:
+        if not 0 <= immediate <= 100:
+            m.add(f"{key}.immediate", f"must be 0-100, not {immediate}")
+        changes["immediate"] = immediate
+    delays = get(value, "delays", list, m, key)
+    if delays is not None:
+        changes["delays"] = _durations(delays, f"{key}.delays", m)
+    if len(m) > before:
+        return None
+    try:
+        return dataclasses.replace(RetryPolicy(), **changes)
+    except UsageError as exc:  # two delays the same, more than 20
+        m.add(f"{key}.delays", str(exc).removeprefix("retry: "))
+        return None
+
+
+def _durations(items: list[Any], key: str, m: Mistakes) -> tuple[float, ...]:
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            m.add(key, f'each delay is a duration ("5s", "2m") or seconds, not {toml_type(item)}')
+            continue
+        try:
+            seconds = parse_duration(item, "delay")
+        except UsageError:
+            m.add(key, f'{item!r}: not a duration (e.g. "5s", "2m", "500ms")')
+            continue
+        if seconds <= 0:
+            m.add(key, f"{item!r}: a delay must be more than 0 (immediate retries are `immediate`)")
+            continue
+        out.append(seconds)
+    return tuple(out)
+
+
+def breaker_of(t: dict[str, Any], m: Mistakes, where: str) -> BreakerPolicy | None:
+    """The flow's `breaker` (a table, or true/false); None when absent or wrong."""
+    if "breaker" not in t:
+        return None
+    key = f"{where}.breaker"
+    value = t["breaker"]
+    if isinstance(value, bool):
+        return BreakerPolicy() if value else BreakerPolicy.off()
+    if not isinstance(value, dict):
+        m.add(key, f"must be a table or true/false, not {toml_type(value)}")
+        return None
+    before = len(m)
+    for k in value:
+        if k not in BREAKER_KEYS:
+            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(BREAKER_KEYS))})")
+    changes: dict[str, Any] = {}
+    if (enabled := get(value, "enabled", bool, m, key)) is not None:
+        changes["enabled"] = enabled
+    if (failures := get(value, "failures", int, m, key)) is not None:
+        if not 1 <= failures <= 10_000:
+            m.add(f"{key}.failures", f"must be 1-10000, not {failures}")
+        changes["failures"] = failures
+    for name in ("probe", "max_probe"):
+        given = value.get(name)
+        if given is None:
+            continue
+        if isinstance(given, bool) or not isinstance(given, str | int | float):
+            m.add(f"{key}.{name}", f'must be a duration ("1s") or seconds, not {toml_type(given)}')
+            continue
+        try:
+            seconds = parse_duration(given, name)
+        except UsageError:
+            m.add(f"{key}.{name}", f'{given!r}: not a duration (e.g. "1s", "30s", "500ms")')
+            continue
+        if seconds <= 0:
+            m.add(f"{key}.{name}", f"{given!r}: must be more than 0")
+            continue
+        changes[name] = seconds
+    if len(m) > before:
+        return None
+    try:
+        return dataclasses.replace(BreakerPolicy(), **changes)
+    except UsageError as exc:  # max_probe below probe
+        m.add(f"{key}.max_probe", str(exc).removeprefix("breaker: "))
+        return None
+
+
+def guard_of(t: dict[str, Any], m: Mistakes, where: str) -> GuardPolicy | None:
+    """The flow's `guard` (a table, or true/false); None when absent or wrong."""
+    if "guard" not in t:
+        return None
+    key = f"{where}.guard"
+    value = t["guard"]
+    if isinstance(value, bool):
+        return GuardPolicy() if value else GuardPolicy.off()
+    if not isinstance(value, dict):
+        m.add(key, f"must be a table or true/false, not {toml_type(value)}")
+        return None
+    before = len(m)
+    for k in value:
+        if k not in GUARD_KEYS:
+            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(GUARD_KEYS))})")
+    enabled = get(value, "enabled", bool, m, key, True)
+    failures = get(value, "failures", int, m, key)
+    if failures is not None and not 1 <= failures <= MAX_FAILURES:
+        m.add(f"{key}.failures", f"must be 1-{MAX_FAILURES}, not {failures}")
+    if len(m) > before:
+        return None
+    if failures is None:
+        return GuardPolicy(enabled=enabled)
+    return GuardPolicy(enabled=enabled, failures=failures)
+
+
+def describe(flow: Any) -> dict[str, Any]:
+    """The policies a flow runs with, for `onceq check` (its defaults filled in)."""
+    from onceq.core.retry import delay_label
+
+    retry, breaker, guard = flow.retry_policy(), flow.breaker_policy(), flow.guard_policy()
+    return {
+        "guard": {"enabled": True, "failures": guard.failures}
+        if guard.enabled
+        else {"enabled": False},
+        "retry": {"immediate": retry.immediate, "delays": [delay_label(d) for d in retry.delays]},
+        "breaker": {
+            "enabled": breaker.enabled,
+            "failures": breaker.failures,
+            "probe": delay_label(breaker.probe),
+            "max_probe": delay_label(breaker.max_probe),
+        }
+        if breaker.enabled
+        else {"enabled": False},
+    }
+
+
+def summary(flow: Any) -> str:
+    """`retry 1 + 5s,30s,2m,10m, breaker 5 in a row` in one phrase, for `onceq check`."""
+    d = describe(flow)
+    r, b = d["retry"], d["breaker"]
+    tiers = ",".join(r["delays"]) or "no delays"
+    brk = f"breaker {b['failures']} in a row" if b["enabled"] else "no breaker"
+    g = d["guard"]
+    grd = f"guard {g['failures']}" if g["enabled"] else "no guard"
+    return f"retry {r['immediate']} + {tiers}, {brk}, {grd}"

@@ -1,0 +1,1 @@
+"""ledger: see docs/architecture.md."""

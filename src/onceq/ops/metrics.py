@@ -1,0 +1,293 @@
+"""The Prometheus metrics of a running consumer, read at scrape time from what it counts.
+
+Why a collector and not Counter objects bumped by the loop: the loop already counts
+every settled entry once, in `Stats` (what `--json` prints), through the one table
+`onceq.core.stats.OUTCOMES`. Reading those counts when Prometheus scrapes makes
+`onceq_messages_total` equal to the run's summary by construction, and costs the loop
+nothing per message or per group. The only per-call cost is the effect histogram's
+observe (`Durations`: a bisect and two adds, no lock: it is only touched on the loop).
+
+The metrics live on a `CollectorRegistry` of onceq's own (`new_registry`), never the
+global one, so several runs in one process (tests, `onceq.run` called twice) never
+collide; the process, platform and GC collectors are registered on it too.
+
+    onceq_messages_total{flow,outcome}        processed, duplicate, partner_duplicate,
+                                              recovered, retried, held, dead
+    onceq_failures_total{flow,reason}         every failure the ledger records (retried
+                                              and dead), by its reason
+    onceq_in_flight{flow}                     received, not yet settled
+    onceq_effect_duration_seconds{flow}       histogram of the calls (flows with a call)
+    onceq_breaker_open{flow}                  1 while open or half-open, else 0
+    onceq_breaker_state{flow,state}           1 for the current state: closed, open,
+                                              half-open
+    onceq_queue_messages{flow,state}          dirq: inbox, processing, retry, error;
+                                              RabbitMQ: ready, unacked, retry, dead
+    onceq_oldest_message_age_seconds{flow}    dirq: the oldest file in inbox/ (0: empty)
+    onceq_flow_up{flow}                       1 while the flow is healthy (/healthz's rule)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from onceq.core.breaker import CLOSED, HALF_OPEN, OPEN
+from onceq.core.stats import OUTCOMES, Stats
+
+__all__ = [
+    "BUCKETS",
+    "Durations",
+    "FlowMetrics",
+    "Snapshot",
+    "new_registry",
+    "snapshot_dict",
+    "snapshot_from_dict",
+]
+
+# Seconds: Prometheus's default buckets, which fit an HTTP call (5 ms to 10 s, the
+# default timeout).
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
+
+
+class Durations:
+    """A histogram of call durations: per-bucket counts (the last: above every bound).
+
+    Plain ints, so a --workers child can send its counts to the parent, which adds
+    them (`merge`) and serves the sum.
+    """
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # bisect_left: a value equal to a bound belongs to that bucket (le = "<=").
+        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+    def merge(self, other: Durations) -> None:
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+        self.sum += other.sum
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum": self.sum}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Durations:
+        out = cls()
+        out.counts = [int(n) for n in d["counts"]]
+        out.sum = float(d["sum"])
+        return out
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs, +Inf last: the text format's histogram."""
+        out, total = [], 0
+        for bound, n in zip((*BUCKETS, float("inf")), self.counts, strict=True):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(total)))
+        return out
+
+
+@dataclass
+class Snapshot:
+    """What one consumer (or a --workers child's last report) shows at a scrape."""
+
+    stats: Stats
+    in_flight: int = 0
+    breaker: str | None = None  # closed | open | half-open; None: no breaker
+    durations: Durations | None = None  # None: the flow makes no call
+    problem: str | None = None  # why it is not healthy (None: healthy)
+
+
+# A consumer whose run is over (healthy: see FlowMetrics.total).
+DONE = "done"
+
+
+def healthy(problem: str | None) -> bool:
+    return problem is None or problem == DONE
+
+
+@dataclass
+class FlowMetrics:
+    """One flow's sources of numbers: its consumers' snapshots and its queue reader."""
+
+    name: str
+    snapshots: list[Callable[[], Snapshot]] = field(default_factory=list)
+    queue: Any = None  # onceq.ops.metrics_queues reader: .messages(), .oldest_age()
+
+    def total(self) -> Snapshot:
+        """Every consumer of this flow summed (onceq run's dirq workers, --workers)."""
+        total = Snapshot(Stats())
+        states = []
+        problems = []
+        for read in self.snapshots:
+            s = read()
+            _add_stats(total.stats, s.stats)
+            total.in_flight += s.in_flight
+            if s.breaker is not None:
+                states.append(s.breaker)
+            if s.durations is not None:
+                if total.durations is None:
+                    total.durations = Durations()
+                total.durations.merge(s.durations)
+            if s.problem is not None:
+                problems.append(s.problem)
+        if states:
+            # Several consumers of one flow: the worst state shows (one open breaker
+            # means the partner is failing someone).
+            total.breaker = max(states, key=lambda st: (st != CLOSED, st == OPEN))
+        # A consumer whose run ended normally (a drained --until-empty flow, a finished
+        # --workers child) is no problem while the others work: one flow done must not
+        # make a liveness probe kill a batch whose other flows are still running.
+        real = [p for p in problems if p != DONE]
+        total.problem = real[0] if real else None
+        if self.snapshots and len(problems) == len(self.snapshots) and not real:
+            total.problem = DONE
+        if not self.snapshots:
+            total.problem = "starting"  # expected, its consumer not up yet
+        return total
+
+
+def snapshot_dict(s: Snapshot) -> dict[str, Any]:
+    """A snapshot as plain data: what a --workers child sends its parent."""
+    return {
+        "stats": s.stats.as_dict(),
+        "dead_word": s.stats.dead_word,
+        "in_flight": s.in_flight,
+        "breaker": s.breaker,
+        "durations": s.durations.as_dict() if s.durations is not None else None,
+        "problem": s.problem,
+    }
+
+
+def snapshot_from_dict(d: dict[str, Any]) -> Snapshot:
+    stats = Stats(dead_word=d["dead_word"])
+    stats.merge(d["stats"])
+    durations = d["durations"]
+    return Snapshot(
+        stats,
+        d["in_flight"],
+        d["breaker"],
+        Durations.from_dict(durations) if durations is not None else None,
+        d["problem"],
+    )
+
+
+def _add_stats(into: Stats, s: Stats) -> None:
+    for key in (*OUTCOMES, "received"):
+        setattr(into, key, getattr(into, key) + getattr(s, key))
+    into.reasons.update(s.reasons)
+    into.requeued_reasons.update(s.requeued_reasons)
+
+
+class OnceqCollector(Collector):
+    """Every flow's metrics, built at each scrape from `flows()`."""
+
+    def __init__(self, flows: Callable[[], Iterable[FlowMetrics]]) -> None:
+        self._flows = flows
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: registering must not call collect (no flow exists yet)
+
+    def collect(self) -> Iterator[Metric]:
+        msgs = CounterMetricFamily(
+            "onceq_messages", "Settled messages by final outcome.", labels=["flow", "outcome"]
+        )
+        fails = CounterMetricFamily(
+            "onceq_failures",
+            "Failures the ledger recorded (retried and dead), by reason.",
+            labels=["flow", "reason"],
+        )
+        in_flight = GaugeMetricFamily(
+            "onceq_in_flight", "Deliveries received and not yet settled.", labels=["flow"]
+        )
+        durations = HistogramMetricFamily(
+            "onceq_effect_duration_seconds", "Duration of each effect call.", labels=["flow"]
+        )
+        b_open = GaugeMetricFamily(
+            "onceq_breaker_open", "1 while the breaker is open or half-open.", labels=["flow"]
+        )
+        b_state = GaugeMetricFamily(
+            "onceq_breaker_state",
+            "1 for the breaker's current state.",
+            labels=["flow", "state"],
+        )
+        queue = GaugeMetricFamily(
+            "onceq_queue_messages",
+            "Messages in the flow's queue, by state.",
+            labels=["flow", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "onceq_oldest_message_age_seconds",
+            "Age of the oldest message waiting in inbox/ (0 when empty).",
+            labels=["flow"],
+        )
+        # Dead letters alone by reason: onceq_failures_total also counts the attempts
+        # that were retried, so it cannot say how many messages died of what.
+        dead = CounterMetricFamily(
+            "onceq_dead",
+            "Messages dead-lettered, by the reason of their last failure.",
+            labels=["flow", "reason"],
+        )
+        up = GaugeMetricFamily(
+            "onceq_flow_up", "1 while the flow is healthy (the /healthz rule).", labels=["flow"]
+        )
+        for fm in self._flows():
+            name = fm.name
+            t = fm.total()
+            for key, word in OUTCOMES.items():
+                msgs.add_metric([name, word], getattr(t.stats, key))
+            reasons: Counter[str] = Counter(t.stats.reasons)
+            reasons.update(t.stats.requeued_reasons)
+            for reason, n in sorted(reasons.items()):
+                fails.add_metric([name, reason], n)
+            in_flight.add_metric([name], t.in_flight)
+            if t.durations is not None:
+                durations.add_metric(
+                    [name], buckets=t.durations.buckets(), sum_value=t.durations.sum
+                )
+            if t.breaker is not None:
+                b_open.add_metric([name], 0 if t.breaker == CLOSED else 1)
+                for st in BREAKER_STATES:
+                    b_state.add_metric([name, st], 1 if st == t.breaker else 0)
+            for reason, n in sorted(t.stats.reasons.items()):
+                dead.add_metric([name, reason], n)
+            up.add_metric([name], 1 if healthy(t.problem) else 0)
+            if fm.queue is not None:
+                for state, n in fm.queue.messages().items():
+                    queue.add_metric([name, state], n)
+                age = fm.queue.oldest_age()
+                if age is not None:
+                    oldest.add_metric([name], age)
+        yield from (msgs, fails, dead, in_flight, durations, b_open, b_state, queue, oldest, up)
+
+
+def new_registry(flows: Callable[[], Iterable[FlowMetrics]]) -> CollectorRegistry:
+    """A registry of onceq's own: the flows' collector and the usual process metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OnceqCollector(flows))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
