@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 BROKER = ("127.0.0.1", 5672)
-SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "sample"
+SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "exercise" / "sample"
 
 
 def broker_answers() -> bool:

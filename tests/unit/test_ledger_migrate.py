@@ -1,7 +1,7 @@
 """A ledger written by onceq 0.1.0 is migrated to schema 3 in place, in one transaction.
 
 `make_v010_ledger` builds a real 0.1.0 ledger: 0.1.0's DDL (verbatim from
-`git show 036b324:src/onceq/ledger/db.py`), WAL as 0.1.0 set it, and rows in every
+`git show 036b324:src/onceq/ledger_db.py`), WAL as 0.1.0 set it, and rows in every
 table, as a run of 0.1.0 left them.
 """
 

@@ -20,7 +20,7 @@ from onceq.ledger.sqlite import Entry, Ledger
 from onceq.sources.memory import MemoryTransport
 from support import open_db, run_cli
 
-# Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger/db.py`.
+# Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger_db.py`.
 V2_SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     flow              TEXT NOT NULL,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from onceq.errors import LedgerError
 
-# The 0.1.0 tables and their columns (git show 036b324:src/onceq/ledger/db.py).
+# The 0.1.0 tables and their columns (git show 036b324:src/onceq/ledger_db.py).
 V1_TABLES: dict[str, set[str]] = {
     "processed": {"msg_id", "order_no", "seq", "amount", "processed_at", "source", "ref"},
     "duplicates": {"msg_id", "ref", "seen_at"},
@@ -43,7 +43,7 @@ V1_TABLES: dict[str, set[str]] = {
     "replays": {"id", "ref", "at"},
 }
 
-# Schema 2's tables and columns (git show 357c42a:src/onceq/ledger/db.py).
+# Schema 2's tables and columns (git show 357c42a:src/onceq/ledger_db.py).
 V2_TABLES: dict[str, set[str]] = {
     "messages": {"flow", "msg_id", "grp", "seq", "kept", "partner_duplicate", "processed_at"}
     | {"source", "ref"},
