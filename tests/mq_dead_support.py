@@ -38,7 +38,7 @@ def consume_exercise(url: str, claim: str, db: Path, prefetch: int = 20) -> Any:
     """One `mq consume --claim CLAIM --until-empty` run with the exercise's rule
     (one immediate retry, then dead; no breaker), in this process."""
     from onceq.core.retry import BreakerPolicy, RetryPolicy
-    from onceq.flows.flow import claims_flow
+    from onceq.exercise.flows import claims_flow
     from onceq.sources.amqp.consume import ConsumeOptions, consume
 
     flow = claims_flow(claim, url=url, prefetch=prefetch)

@@ -41,8 +41,8 @@ from onceq.errors import (
 _LAZY = {
     # a flow and how it runs
     "Flow": "onceq.flows.flow",
-    "DirSource": "onceq.flows.flow",
-    "RabbitSource": "onceq.flows.flow",
+    "DirSource": "onceq.sources.dirq.plugin",
+    "RabbitSource": "onceq.sources.amqp.plugin",
     "MessageSpec": "onceq.core.message",
     "HttpEffect": "onceq.effects.http",
     "StatusMap": "onceq.effects.http",
@@ -118,9 +118,11 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from onceq.core.transport import Delivery, Kind, Settle, decide
     from onceq.effects.http import HttpEffect, StatusMap
     from onceq.flows.file import load_flows
-    from onceq.flows.flow import DirSource, Flow, RabbitSource
+    from onceq.flows.flow import Flow
     from onceq.flows.runner import run, run_async
     from onceq.ledger.sqlite import Ledger
+    from onceq.sources.amqp.plugin import RabbitSource
+    from onceq.sources.dirq.plugin import DirSource
     from onceq.sources.memory import MemoryTransport
 
 

@@ -222,7 +222,7 @@ def _row(metric: str) -> str:
 
 
 def test_the_documented_label_values_are_the_code_s() -> None:
-    from onceq.ops.metrics_queues import DIRQ_STATES
+    from onceq.sources.dirq.scan import DIRQ_STATES
 
     outcomes = _row("onceq_messages_total")
     assert {w for w in OUTCOMES.values() if f"`{w}`" not in outcomes} == set()

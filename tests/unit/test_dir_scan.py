@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from onceq.ops.metrics_queues import DirScan
 from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.scan import DirScan
 
 
 def _queue(tmp_path: Path, n: int) -> Path:

@@ -6,8 +6,9 @@ import pytest
 
 from onceq.core.retry import RetryPolicy
 from onceq.errors import UsageError
-from onceq.flows.flow import Flow, RabbitSource
+from onceq.flows.flow import Flow
 from onceq.sources.amqp.depths import flow_queues, management_api
+from onceq.sources.amqp.plugin import RabbitSource
 
 AMQP = "amqp://alice:amqpSECRET1@broker.example:5672/prod"
 

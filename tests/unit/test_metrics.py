@@ -30,8 +30,8 @@ from onceq.ops.metrics import (
     snapshot_dict,
     snapshot_from_dict,
 )
-from onceq.ops.metrics_queues import RabbitDepths
 from onceq.ops.telemetry import OpsOptions, Telemetry
+from onceq.sources.amqp.depths import RabbitDepths
 from support import free_port
 
 

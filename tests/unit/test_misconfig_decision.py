@@ -300,7 +300,9 @@ def test_any_other_reason_is_named_without_its_detail() -> None:
 
 def test_the_guard_flags_over_a_preset_and_an_own_flow() -> None:
     from onceq.cli.retry_options import apply_retry
-    from onceq.flows.flow import DirSource, Flow, orders_flow
+    from onceq.exercise.flows import orders_flow
+    from onceq.flows.flow import Flow
+    from onceq.sources.dirq.plugin import DirSource
 
     preset = orders_flow("/nonexistent")
     assert preset.guard_policy() == GuardPolicy.exercise_rule()

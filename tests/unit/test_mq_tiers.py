@@ -6,7 +6,9 @@ import pytest
 
 from onceq.core.retry import DEFAULT_DELAYS, RetryPolicy
 from onceq.errors import UsageError
-from onceq.flows.flow import Flow, RabbitSource, claims_flow
+from onceq.exercise.flows import claims_flow
+from onceq.flows.flow import Flow
+from onceq.sources.amqp.plugin import RabbitSource
 from onceq.sources.amqp.retry import copy_headers
 from onceq.sources.amqp.topology import Queue, Topology, plan
 

@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from onceq.cli.retry_options import apply_retry, retry_from_values, retry_options
 from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.errors import UsageError
-from onceq.flows.flow import DirSource, Flow, orders_flow
+from onceq.exercise.flows import orders_flow
+from onceq.flows.flow import Flow
+from onceq.sources.dirq.plugin import DirSource
 
 
 def _parse(*args: str, breaker: bool = True) -> dict[str, Any]:

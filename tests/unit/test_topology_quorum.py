@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from onceq.errors import UsageError
-from onceq.flows.flow import RabbitSource
+from onceq.sources.amqp.plugin import RabbitSource
 from onceq.sources.amqp.preflight import (
     QueueFacts,
     broker_consumer_timeout,

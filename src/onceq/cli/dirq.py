@@ -193,7 +193,8 @@ def _base_flow(
     qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
 ) -> Any:
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
-    from onceq.flows.flow import DirSource, orders_flow
+    from onceq.exercise.flows import orders_flow
+    from onceq.sources.dirq.plugin import DirSource
 
     if not is_generic(flags):
         check_http_flags(flags)

@@ -172,7 +172,7 @@ def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
     """
     from onceq.cli.run import load_or_exit
     from onceq.core.logs import setup as setup_logs
-    from onceq.flows.flow import RabbitSource
+    from onceq.sources.amqp.plugin import RabbitSource
     from onceq.sources.amqp.topology import Topology
     from onceq.sources.amqp.url import amqp_url
 

@@ -220,7 +220,8 @@ def _consume_flow(
 ) -> Any:
     """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
     from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
-    from onceq.flows.flow import RabbitSource, claims_flow
+    from onceq.exercise.flows import claims_flow
+    from onceq.sources.amqp.plugin import RabbitSource
 
     if claim_url is not None:
         if is_generic(flags) or queue is not None or required is not None:

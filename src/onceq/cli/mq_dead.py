@@ -108,7 +108,7 @@ def _from_flow_file(flow_file: Path, flow_name: str, db: LedgerTarget | None) ->
     the file has one rabbitmq flow)."""
     from onceq.cli.run import load_or_exit
     from onceq.core.logs import setup as setup_logs
-    from onceq.flows.flow import RabbitSource
+    from onceq.sources.amqp.plugin import RabbitSource
     from onceq.sources.amqp.topology import Topology
     from onceq.sources.amqp.url import amqp_url
 

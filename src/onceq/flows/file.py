@@ -30,26 +30,16 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from onceq.core.keys import Mistakes, get
 from onceq.errors import UsageError
 from onceq.flows.file_effects import effect_of, spec_of, sql_of
-from onceq.flows.file_keys import (
-    DIRQ_ONLY,
-    ENV,
-    FLOW_KEYS,
-    METRICS_KEYS,
-    RABBIT_ONLY,
-    TOP_KEYS,
-    Mistakes,
-    check,
-    get,
-)
+from onceq.flows.file_keys import ENV, METRICS_KEYS, TOP_KEYS, flow_keys
 from onceq.flows.file_retry import breaker_of, guard_of, retry_of
+from onceq.flows.flow import NAME, Flow
 from onceq.ledger.target import Target
-
-if TYPE_CHECKING:
-    from onceq.flows.flow import Flow
+from onceq.sources import registry
 
 
 class FlowFileError(UsageError):
@@ -202,45 +192,25 @@ def _metrics(doc: dict[str, Any], m: Mistakes) -> tuple[str | None, int | None]:
 
 
 def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:
-    from onceq.flows.flow import NAME, DirSource, Flow, RabbitSource
-
     where = f"flows.{name}"
     before = len(m)
     if not NAME.fullmatch(name):
         m.add(where, "a flow name is 1-64 of A-Z a-z 0-9 _ . - (starting with a letter or digit)")
+    keys = flow_keys()
     for k in t:
-        if k not in FLOW_KEYS:
+        if k not in keys:
             m.add(f"{where}.{k}", "unknown key")
     kind = get(t, "source", str, m, where, required=True)
     source: Any = None
-    if kind == "dirq":
-        for k in sorted(RABBIT_ONLY & t.keys()):
-            m.add(f"{where}.{k}", "is for a rabbitmq source, not a dirq one")
-        path = get(t, "path", str, m, where, required=True)
-        workers = get(t, "workers", int, m, where, 1)
-        if isinstance(workers, int) and not 1 <= workers <= 64:
-            m.add(f"{where}.workers", f"must be 1-64, not {workers}")
-        if path:
-            source = DirSource(base / path, workers)
-    elif kind == "rabbitmq":
-        for k in sorted(DIRQ_ONLY & t.keys()):
-            m.add(f"{where}.{k}", "is for a dirq source, not a rabbitmq one")
-        queue = get(t, "queue", str, m, where, required=True)
-        url = get(t, "url", str, m, where)
-        if url is not None:
-            check(m, f"{where}.url", _amqp_url, url)
-        prefetch = get(t, "prefetch", int, m, where, 5)
-        if isinstance(prefetch, int) and not 1 <= prefetch <= 65535:
-            m.add(f"{where}.prefetch", f"must be 1-65535, not {prefetch}")
-        names = {
-            k: get(t, k, str, m, where)
-            for k in sorted(RABBIT_ONLY - {"url", "queue", "prefetch", "id_property"})
-        }
-        if queue:
-            source = RabbitSource(queue, url=url, prefetch=prefetch, **names)
-            _check_names(m, where, source)
-    elif kind is not None:
-        m.add(f"{where}.source", f'must be "dirq" or "rabbitmq", not {kind!r}')
+    if kind is not None:
+        stype = registry.named(kind)
+        if stype is None or not stype.public:
+            m.add(f"{where}.source", f"must be {_one_of(registry.kinds())}, not {kind!r}")
+        else:
+            for other in registry.types():  # another source's key: the wrong source, named
+                for k in sorted((other.file_keys - stype.file_keys) & t.keys()):
+                    m.add(f"{where}.{k}", f"is for a {other.kind} source, not a {kind} one")
+            source = stype.from_table(t, where, base, m)
     spec = spec_of(t, m, where)
     effect = effect_of(t, m, where, base)
     sql = sql_of(t, m, where, base)
@@ -251,17 +221,7 @@ def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:
     return Flow(name, source, spec, effect, sql, retry=retry, breaker=breaker, guard=guard)
 
 
-def _amqp_url(url: str) -> None:
-    from onceq.sources.amqp.url import check_url
-
-    check_url(url, "", ("amqp", "amqps"), "a broker's port")
-
-
-def _check_names(m: Mistakes, where: str, source: Any) -> None:
-    """The RabbitMQ names a flow declares (`mq topology --flows`), checked as the CLI's
-    options are, each mistake named by its key: found by `check`, not by the broker."""
-    from onceq.sources.amqp.topology import Topology
-
-    for line in Topology.for_source(source).problems(lambda f: f"{where}.{f}"):
-        key, _, why = line.partition(": ")
-        m.add(key, why)
+def _one_of(kinds: list[str]) -> str:
+    """`"a"`, `"a" or "b"`, `"a", "b" or "c"`."""
+    quoted = [f'"{k}"' for k in kinds]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onceq.core.keys import Mistakes, get, str_list, toml_type
 from onceq.core.redact import remember_secret
 from onceq.errors import UsageError
-from onceq.flows.file_keys import HTTP_KEYS, STATUS_KEYS, Mistakes, get, str_list, toml_type
+from onceq.flows.file_keys import HTTP_KEYS, STATUS_KEYS
 
 
 def spec_of(t: dict[str, Any], m: Mistakes, where: str) -> Any:

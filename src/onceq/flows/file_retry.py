@@ -25,10 +25,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from onceq.core.keys import Mistakes, get, toml_type
 from onceq.core.misconfig import MAX_FAILURES, GuardPolicy
 from onceq.core.retry import BreakerPolicy, RetryPolicy, parse_duration
 from onceq.errors import UsageError
-from onceq.flows.file_keys import Mistakes, get, toml_type
 
 POLICY_NAMES = ("default", "exercise", "none")
 RETRY_KEYS = {"immediate", "delays"}

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceq.errors import UsageError
+from onceq.sources import registry
+from onceq.sources.registry import SourceType
 
 if TYPE_CHECKING:
     from onceq.core.consumer import Handler
@@ -34,37 +36,6 @@ if TYPE_CHECKING:
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_NAME = "default"  # every CLI-flag run and preset: a migrated ledger keeps deduplicating
-DEFAULT_PREFETCH = 5
-
-
-@dataclass(frozen=True)
-class DirSource:
-    """A directory queue at `path`; `workers` consumers on it (each its own claim folder)."""
-
-    path: Path
-    workers: int = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-
-
-@dataclass(frozen=True)
-class RabbitSource:
-    """A RabbitMQ queue by name; the exchange and dead-letter names are for `mq topology`.
-
-    `url` None means EAI_AMQP_URL, else the default local broker.
-    """
-
-    queue: str
-    exchange: str | None = None
-    routing_key: str | None = None
-    dead_letter_exchange: str | None = None
-    dead_letter_queue: str | None = None
-    url: str | None = None
-    prefetch: int = DEFAULT_PREFETCH
-    # "classic" | "quorum": the type `mq topology --flows` declares its queues with (None:
-    # classic); the consumer checks the work queue's dead-letter arguments of that type.
-    queue_type: str | None = None
 
 
 def _default_spec() -> MessageSpec:
@@ -88,12 +59,17 @@ class Flow:
 
     @property
     def kind(self) -> str:
-        """'dirq', 'rabbitmq' or 'transport': what runs it, and the ledger's `source` tag."""
-        if isinstance(self.source, DirSource):
-            return "dirq"
-        if isinstance(self.source, RabbitSource):
-            return "rabbitmq"
-        return "transport"
+        """'dirq', 'rabbitmq', 'transport', …: its source type's, and the ledger's `source` tag."""
+        t = registry.of(self.source)
+        return t.kind if t is not None else "transport"  # not one: validate() says so
+
+    def source_type(self) -> SourceType:
+        """What runs this flow's source (onceq.sources.registry); UsageError for none."""
+        t = registry.of(self.source)
+        if t is None:
+            where = f"flow {self.name!r}" if isinstance(self.name, str) else "flow"
+            raise UsageError(f"{where}: source {type(self.source).__name__} is not a transport")
+        return t
 
     def validate(self) -> Flow:
         """Refuse a flow that cannot run, before anything is consumed (UsageError)."""
@@ -110,18 +86,9 @@ class Flow:
         src = self.source
         if src is None:
             raise UsageError(f"{where}: no source (DirSource, RabbitSource or a transport)")
-        if isinstance(src, DirSource):
-            if not isinstance(src.workers, int) or src.workers < 1:
-                raise UsageError(f"{where}: workers must be at least 1, not {src.workers}")
-            if self.message.id_property:
-                raise UsageError(f"{where}: id_property is a RabbitMQ property; a file has none")
-        elif isinstance(src, RabbitSource):
-            if not isinstance(src.queue, str) or not src.queue:
-                raise UsageError(f"{where}: a RabbitMQ source needs a queue name")
-            if not isinstance(src.prefetch, int) or not 1 <= src.prefetch <= 65535:
-                raise UsageError(f"{where}: prefetch must be 1-65535, not {src.prefetch}")
-        elif not (hasattr(src, "deliveries") and hasattr(src, "settle")):
-            raise UsageError(f"{where}: source {type(src).__name__} is not a transport")
+        problem = self.source_type().validate(src, self, where)
+        if problem is not None:
+            raise UsageError(f"{where}: {problem}")
         if self.effect is not None and not callable(self.effect):
             raise UsageError(f"{where}: effect must be HttpEffect, PythonEffect or a callable")
         if self.sql is not None:
@@ -210,77 +177,3 @@ async def close_effect(handler: Any) -> None:
     aclose: Callable[[], Any] | None = getattr(handler, "aclose", None)
     if aclose is not None:
         await aclose()
-
-
-# --- the exercise presets, as flows ---------------------------------------------------
-
-
-def orders_flow(
-    qdir: str | Path,
-    *,
-    workers: int = 1,
-    required: tuple[str, ...] | None = None,
-    max_bytes: int | None = None,
-) -> Flow:
-    """Seed 000's orders over a directory queue: the ledger row plus the `processed` table.
-
-    `required` and `max_bytes` are `dirq consume --required/--max-bytes` on the preset.
-    """
-    import dataclasses
-
-    from onceq.exercise.presets import ORDERS
-    from onceq.exercise.processed_table import PROCESSED_TABLE
-
-    spec = ORDERS
-    changes: dict[str, Any] = {}
-    if required is not None:
-        changes["required"] = tuple(required)
-    if max_bytes is not None:
-        changes["max_bytes"] = max_bytes
-    if changes:
-        spec = dataclasses.replace(spec, **changes)
-    from onceq.core.misconfig import GuardPolicy
-    from onceq.core.retry import BreakerPolicy, RetryPolicy
-
-    # The exercise's rule: a file that fails is quarantined at once (its only effect
-    # is the ledger row, so a failure is the message's own, never a partner's), and
-    # every bad file is quarantined while the run goes on (no misconfiguration guard).
-    return Flow(
-        DEFAULT_NAME,
-        DirSource(Path(qdir), workers),
-        spec,
-        None,
-        PROCESSED_TABLE,
-        retry=RetryPolicy.none(),
-        breaker=BreakerPolicy.off(),
-        guard=GuardPolicy.exercise_rule(),
-    )
-
-
-def claims_flow(
-    claim_url: str,
-    *,
-    url: str | None = None,
-    prefetch: int = DEFAULT_PREFETCH,
-    timeout: float = 10.0,
-) -> Flow:
-    """Seed 001's claims: claim.in, POST CLAIM/v1/claims (201 only), the `processed` table."""
-    from onceq.exercise.presets import CLAIMS, claims_http
-    from onceq.exercise.processed_table import PROCESSED_TABLE
-    from onceq.sources.amqp import topology
-
-    source = RabbitSource(
-        topology.QUEUE,
-        exchange=topology.EXCHANGE,
-        routing_key=topology.ROUTING_KEY,
-        dead_letter_exchange=topology.DLX,
-        dead_letter_queue=topology.DEAD_QUEUE,
-        url=url,
-        prefetch=prefetch,
-    )
-    from onceq.core.misconfig import GuardPolicy
-
-    effect = claims_http(claim_url, timeout=timeout, concurrency=prefetch)
-    # The exercise's rule: every rejected claim dead-lettered, the run goes on.
-    guard = GuardPolicy.exercise_rule()
-    return Flow(DEFAULT_NAME, source, CLAIMS, effect, PROCESSED_TABLE, guard=guard)

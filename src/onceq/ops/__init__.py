@@ -1,1 +1,3 @@
-"""ops: see docs/architecture.md."""
+"""What a running consumer shows the outside: metrics, /healthz, the heartbeat,
+telemetry's wiring, `onceq status`. Asks the source registry, never a source's type.
+"""

@@ -31,7 +31,6 @@ the ledger is opened read-only (`onceq.ops.status_ledger`) and never created.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,10 +39,9 @@ from typing import Any
 from onceq.core.redact import redact_text
 from onceq.errors import OnceqError
 from onceq.ops.status_ledger import LedgerView, empty_counts
+from onceq.sources import registry
 
-__all__ = ["BROKER_TIMEOUT", "dirq_depths", "gather", "gather_async"]
-
-BROKER_TIMEOUT = 10.0  # s per flow: a broker that does not answer is a reason, not a hang
+__all__ = ["gather", "gather_async"]
 
 
 def gather(
@@ -118,70 +116,21 @@ def _read_ledger(
 
 
 def _kind(source: Any) -> str | None:
-    from onceq.flows.flow import DirSource, RabbitSource
-
-    if isinstance(source, DirSource):
-        return "dirq"
-    if isinstance(source, RabbitSource):
-        return "rabbitmq"
-    return None
+    """The source's kind as status reports it: None for a library's own transport."""
+    t = registry.of(source)
+    return t.kind if t is not None and t.public else None
 
 
 async def _queue(
     flow: Any, api: str | None, now: datetime
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(the flow's queue depths, None) or (None, why they could not be read)."""
-    kind = _kind(flow.source)
+    t = registry.of(flow.source)
     try:
-        if kind == "dirq":
-            return await asyncio.to_thread(dirq_depths, flow.source.path, now), None
-        if kind == "rabbitmq":
-            return await asyncio.wait_for(_rabbit_depths(flow, api), BROKER_TIMEOUT), None
-        return None, "not a queue onceq status can read (a library transport)"
-    except TimeoutError:
-        return None, f"the broker did not answer within {BROKER_TIMEOUT:.0f}s"
+        if t is None:
+            return None, "not a queue onceq status can read (a library transport)"
+        return await t.status_depths(flow, api, now)
     except OnceqError as exc:
         return None, redact_text(str(exc))
     except Exception as exc:  # one flow's trouble is its entry's reason, not the view's end
         return None, redact_text(f"{type(exc).__name__}: {exc}")
-
-
-def dirq_depths(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
-    """inbox / processing / retry / error counts (as `dirq lag`) and the age in seconds
-    of the oldest inbox file (None when the inbox is empty); NotFound for no queue.
-
-    The same one scan /metrics makes (`onceq.ops.metrics_queues.DirScan`)."""
-    from onceq.errors import NotFound
-    from onceq.ops.metrics_queues import DirScan
-
-    scan = DirScan(root)
-    scan.scan()
-    if scan.error is not None:
-        raise NotFound(scan.error)
-    oldest = scan.oldest_mtime
-    stamp = now.timestamp() if now is not None else time.time()
-    age = None if oldest is None else round(max(0.0, stamp - oldest), 3)
-    return {"kind": "dirq", "path": str(Path(root)), **scan.messages(), "oldest_age_s": age}
-
-
-async def _rabbit_depths(flow: Any, api: str | None) -> dict[str, Any]:
-    from onceq.sources.amqp.depths import flow_queues, management_api, read_depths
-    from onceq.sources.amqp.url import amqp_url
-
-    url = amqp_url(flow.source.url)
-    names = flow_queues(flow)
-    depths = await read_depths(url, [q for _, q in names], api=management_api(url, api))
-    queues = []
-    for state, name in names:
-        d = depths.get(name)
-        queues.append(
-            {
-                "state": state,
-                "name": name,
-                "exists": d is not None,
-                "ready": None if d is None else d.ready,
-                "unacked": None if d is None else d.unacked,
-                "consumers": None if d is None else d.consumers,
-            }
-        )
-    return {"kind": "rabbitmq", "queues": queues}

@@ -17,13 +17,12 @@ does not import aio-pika.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onceq.flows.file_keys import Mistakes
+    from onceq.core.keys import Mistakes
 
 __all__ = ["BUILTIN", "SourceType", "kinds", "named", "of", "register", "types"]
 
@@ -37,6 +36,9 @@ class SourceType:
 
     kind: str = ""
     config: type | None = None
+    # A kind users name (a flow file's `source`, `onceq status`'s "source"); False for
+    # a library's own transport object.
+    public: bool = True
     # The flow-file keys of this kind's section, beside the keys every flow has.
     file_keys: frozenset[str] = frozenset()
 
@@ -52,9 +54,7 @@ class SourceType:
         """Consumers of this source one run starts in this process (dirq: its workers)."""
         return 1
 
-    def from_table(
-        self, table: dict[str, Any], where: str, base: Path, m: Mistakes
-    ) -> Any | None:
+    def from_table(self, table: dict[str, Any], where: str, base: Path, m: Mistakes) -> Any | None:
         """The source object a flow file's section describes; mistakes go into `m`."""
         raise NotImplementedError(f"a {self.kind} source cannot be written in a flow file")
 
@@ -82,15 +82,16 @@ BUILTIN: dict[str, str] = {
 }
 
 _loaded: dict[str, SourceType] = {}
-_order: list[str] = []  # registration order: `of` asks the types in it, the fallback last
+_order: list[str] = []  # registration order, the built-in kinds first
 
 
 def register(source_type: SourceType) -> SourceType:
     """Add (or replace) a source type; returns it, so it can decorate an instance."""
     if not source_type.kind:
         raise ValueError("a SourceType needs a kind")
+    _load_builtin()  # the built-in kinds first, in every list a user reads
     if source_type.kind not in _loaded:
-        _order.insert(0, source_type.kind)
+        _order.append(source_type.kind)
     _loaded[source_type.kind] = source_type
     return source_type
 
@@ -124,6 +125,7 @@ def of(source: object) -> SourceType | None:
     return None
 
 
-def kinds(filter_: Callable[[SourceType], bool] = lambda t: True) -> list[str]:
-    """The names of the registered types (for a flow file's error message)."""
-    return [t.kind for t in types() if filter_(t)]
+def kinds() -> list[str]:
+    """The kinds a user can name, in registration order (for a flow file's error message)."""
+    _load_builtin()
+    return [k for k in _order if _loaded[k].public]

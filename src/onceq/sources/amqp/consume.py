@@ -116,7 +116,7 @@ def consume(
     after the final counts (its port bound first: a port in use consumes nothing).
     """
     if flow is None:
-        from onceq.flows.flow import claims_flow
+        from onceq.exercise.flows import claims_flow
 
         flow = claims_flow(opts.claim_url, url=url, prefetch=opts.prefetch, timeout=opts.timeout)
     elif flow.source.url is None:

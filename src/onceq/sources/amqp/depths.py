@@ -239,3 +239,30 @@ class DepthCache:
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await close_quietly(reader.connection)
+
+
+class RabbitDepths:
+    """A RabbitMQ flow's queue depths for /metrics, from a DepthCache."""
+
+    def __init__(self, amqp_url: str, flow: Any, every: float = 5.0) -> None:
+        self.states = flow_queues(flow)  # [(state, queue name)]
+        queues = [q for _, q in self.states]
+        self.cache = DepthCache(amqp_url, queues, management_api(amqp_url), every=every)
+
+    def messages(self) -> dict[str, int]:
+        snap = self.cache.snapshot()
+        out: dict[str, int] = {}
+        for state, queue in self.states:
+            depth = snap.get(queue)
+            if depth is None:
+                continue  # not read yet, or the queue does not exist
+            out[state] = out.get(state, 0) + depth.ready  # retry: every tier summed
+            if state == "ready" and depth.unacked is not None:
+                out["unacked"] = depth.unacked
+        return out
+
+    def oldest_age(self) -> float | None:
+        return None  # AMQP tells no message's age without consuming it
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.cache.run(stop)

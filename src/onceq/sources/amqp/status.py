@@ -18,8 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceq.errors import NotFound
-from onceq.sources.amqp.depths import ManagementApi, QueueDepth, read_depths
-from onceq.sources.amqp.url import vhost_of
+from onceq.sources.amqp.depths import (
+    ManagementApi,
+    QueueDepth,
+    flow_queues,
+    management_api,
+    read_depths,
+)
+from onceq.sources.amqp.url import amqp_url, vhost_of
 
 NEEDS_API = "needs the management API"
 TURNED_OFF = "turned off (--management-url / EAI_RABBITMQ_API off)"
@@ -110,3 +116,23 @@ async def read_status(
         "memory": memory_of(nodes, node),
         "management": management,
     }
+
+
+async def flow_depths(flow: Any, api: str | None) -> dict[str, Any]:
+    url = amqp_url(flow.source.url)
+    names = flow_queues(flow)
+    depths = await read_depths(url, [q for _, q in names], api=management_api(url, api))
+    queues = []
+    for state, name in names:
+        d = depths.get(name)
+        queues.append(
+            {
+                "state": state,
+                "name": name,
+                "exists": d is not None,
+                "ready": None if d is None else d.ready,
+                "unacked": None if d is None else d.unacked,
+                "consumers": None if d is None else d.consumers,
+            }
+        )
+    return {"kind": "rabbitmq", "queues": queues}

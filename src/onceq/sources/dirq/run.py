@@ -60,7 +60,8 @@ def as_flow(target: Flow | str | Path, spec: Any = None) -> Flow:
     `spec` (a MessageSpec) replaces the flow's message spec, as `dirq consume
     --required/--max-bytes` did before flows.
     """
-    from onceq.flows.flow import Flow, orders_flow
+    from onceq.exercise.flows import orders_flow
+    from onceq.flows.flow import Flow
 
     flow = target if isinstance(target, Flow) else orders_flow(target)
     if spec is not None:

@@ -1,0 +1,126 @@
+"""A source type registered from a test reaches every generic layer through the registry.
+
+The generic layers (flows, ops) never test a source's class: a kind they have never
+heard of, registered here, is parsed from a flow file, validated, named in mistakes,
+read for `onceq status` and for /metrics, and refused by name when mistyped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceq.core.keys import Mistakes, get
+from onceq.flows.file import FlowFileError, load_flows
+from onceq.flows.flow import Flow
+from onceq.ops import status
+from onceq.ops.metrics_queues import reader_for
+from onceq.sources import registry
+from onceq.sources.registry import SourceType
+
+
+@dataclass(frozen=True)
+class TestQ:
+    items: tuple[str, ...]
+    __test__ = False  # not a test class
+
+
+class Reader:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def messages(self) -> dict[str, int]:
+        return {"ready": self.n}
+
+
+class TestQType(SourceType):
+    __test__ = False
+    kind = "testq"
+    config = TestQ
+    file_keys = frozenset({"items"})
+
+    def validate(self, source: TestQ, flow: Any, where: str) -> str | None:
+        return None if source.items else "a testq source needs items"
+
+    def from_table(self, table: dict[str, Any], where: str, base: Path, m: Mistakes) -> Any:
+        items = get(table, "items", list, m, where, required=True)
+        return TestQ(tuple(items)) if items is not None else None
+
+    def depth_reader(self, flow: Any, transport: Any) -> Reader:
+        return Reader(len(flow.source.items))
+
+    async def status_depths(
+        self, flow: Any, api: str | None, now: datetime
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        return {"kind": "testq", "ready": len(flow.source.items)}, None
+
+
+@pytest.fixture(autouse=True)
+def testq() -> Any:
+    t = registry.register(TestQType())
+    yield t
+    registry._loaded.pop("testq", None)
+    registry._order.remove("testq")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "flows.toml"
+    p.write_text(text)
+    return p
+
+
+def test_a_flow_file_names_the_registered_kind(tmp_path: Path) -> None:
+    path = write(tmp_path, '[flows.a]\nsource = "testq"\nitems = ["x", "y"]\nid_field = "id"\n')
+    (flow,) = load_flows(path).flows
+    assert flow.source == TestQ(("x", "y"))
+    assert flow.kind == "testq"
+    assert flow.validate() is flow
+
+
+def test_its_mistakes_read_like_every_other_source(tmp_path: Path) -> None:
+    path = write(tmp_path, '[flows.a]\nsource = "testq"\nqueue = "q"\n')
+    with pytest.raises(FlowFileError) as err:
+        load_flows(path)
+    text = str(err.value)
+    assert "line 3: flows.a.queue: is for a rabbitmq source, not a testq one" in text
+    assert "flows.a.items: missing: it is required" in text
+
+
+def test_a_mistyped_kind_lists_every_registered_one(tmp_path: Path) -> None:
+    path = write(tmp_path, '[flows.a]\nsource = "testqq"\n')
+    with pytest.raises(FlowFileError) as err:
+        load_flows(path)
+    assert (
+        'flows.a.source: must be "dirq", "rabbitmq" or "testq", not \'testqq\'' in str(err.value)
+    )
+
+
+def test_validate_asks_the_type() -> None:
+    with pytest.raises(Exception, match="flow 'a': a testq source needs items"):
+        Flow("a", TestQ(())).validate()
+
+
+def test_status_and_metrics_read_its_depths() -> None:
+    flow = Flow("a", TestQ(("x", "y", "z")))
+    doc = status.gather([flow], None, now=datetime.now(UTC))
+    entry = doc["flows"]["a"]
+    assert entry["source"] == "testq"
+    assert entry["queue"] == {"kind": "testq", "ready": 3}
+    reader = reader_for(flow, None)
+    assert reader is not None and reader.messages() == {"ready": 3}
+
+
+def test_the_builtin_kinds_are_found_by_their_objects() -> None:
+    from onceq.sources.amqp.plugin import RabbitSource
+    from onceq.sources.dirq.plugin import DirSource
+    from onceq.sources.memory import MemoryTransport
+
+    assert registry.of(DirSource(Path("q"))) is registry.named("dirq")
+    assert registry.of(RabbitSource("q")) is registry.named("rabbitmq")
+    assert registry.of(MemoryTransport()) is registry.named("transport")
+    assert registry.of(object()) is None
+    assert registry.kinds() == ["dirq", "rabbitmq", "testq"]
