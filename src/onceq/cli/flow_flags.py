@@ -22,7 +22,8 @@ from onceq.core.logs import say
 from onceq.core.retry import RetryPolicy
 from onceq.errors import UsageError, redact_text
 from onceq.flows.build import build, policies
-from onceq.flows.file_retry import retry_of
+from onceq.flows.file_keys import STATUS_KEYS
+from onceq.flows.file_retry import BREAKER_SETTINGS, retry_of
 from onceq.flows.flow import Flow
 from onceq.sources import registry
 
@@ -63,38 +64,38 @@ def delays(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Flag:
     flag: str  # as a user types it
-    param: str  # click's name for its value
-    key: str  # the flow key it sets (dotted into the table: http.url)
-    read: Callable[[Any], Any] | None = None  # its text → the key's value
+    key: str = ""  # the flow key it sets, dotted into the table (default: the flag's name)
+    param: str = ""  # click's name for its value (default: the flag's name)
+    read: Callable[[Any], Any] | None = None  # its text → the key's value (a list …)
     off: str = ""  # a switch's other spelling (--no-breaker)
+
+    def __post_init__(self) -> None:
+        name = self.flag.removeprefix("--").replace("-", "_")
+        object.__setattr__(self, "param", self.param or name)
+        object.__setattr__(self, "key", self.key or name)
 
 
 # Every flag that sets a flow key, once. A flag a command lacks is simply not given.
 FLAGS = (
-    Flag("--id-field", "id_field", "id_field"),
-    Flag("--group-field", "group_field", "group_field"),
-    Flag("--seq-field", "seq_field", "seq_field"),
-    Flag("--keep", "keep", "keep", fields),
-    Flag("--required", "required", "required", fields),
-    Flag("--max-bytes", "max_bytes", "max_bytes"),
-    Flag("--url", "http_url", "http.url"),
-    Flag("--method", "method", "http.method"),
-    Flag("--header", "headers", "http.headers", header_pairs),
-    Flag("--idempotency-header", "idempotency_header", "http.idempotency_header"),
-    Flag("--success", "success", "http.success", statuses),
-    Flag("--duplicate", "duplicate", "http.duplicate", statuses),
-    Flag("--reject", "reject", "http.reject", statuses),
-    Flag("--transient", "transient", "http.transient", statuses),
-    Flag("--timeout", "http_timeout", "http.timeout"),
-    Flag("--retry", "retry", "retry"),
-    Flag("--immediate-retries", "immediate_retries", "retry.immediate"),
-    Flag("--retry-delays", "retry_delays", "retry.delays", delays),
-    Flag("--breaker", "breaker", "breaker.enabled", off="--no-breaker"),
-    Flag("--breaker-failures", "breaker_failures", "breaker.failures"),
-    Flag("--breaker-probe", "breaker_probe", "breaker.probe"),
-    Flag("--breaker-max-probe", "breaker_max_probe", "breaker.max_probe"),
-    Flag("--guard", "guard", "guard.enabled", off="--no-guard"),
-    Flag("--guard-failures", "guard_failures", "guard.failures"),
+    Flag("--id-field"),
+    Flag("--group-field"),
+    Flag("--seq-field"),
+    Flag("--keep", read=fields),
+    Flag("--required", read=fields),
+    Flag("--max-bytes"),
+    Flag("--url", "http.url", "http_url"),
+    Flag("--method", "http.method"),
+    Flag("--header", "http.headers", "headers", header_pairs),
+    Flag("--idempotency-header", "http.idempotency_header"),
+    *(Flag(f"--{role}", f"http.{role}", read=statuses) for role in STATUS_KEYS),
+    Flag("--timeout", "http.timeout", "http_timeout"),
+    Flag("--retry"),
+    Flag("--immediate-retries", "retry.immediate"),
+    Flag("--retry-delays", "retry.delays", read=delays),
+    Flag("--breaker", "breaker.enabled", off="--no-breaker"),
+    *(Flag(f"--breaker-{k.replace('_', '-')}", f"breaker.{k}") for k in BREAKER_SETTINGS),
+    Flag("--guard", "guard.enabled", off="--no-guard"),
+    Flag("--guard-failures", "guard.failures"),
 )
 BY_PARAM = {f.param: f for f in FLAGS}
 BY_KEY = {f.key: f for f in FLAGS}

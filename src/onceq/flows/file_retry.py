@@ -32,7 +32,8 @@ from onceq.errors import UsageError
 
 POLICY_NAMES = ("default", "exercise", "none")
 RETRY_KEYS = {"immediate", "delays"}
-BREAKER_KEYS = {"enabled", "failures", "probe", "max_probe"}
+BREAKER_SETTINGS = ("failures", "probe", "max_probe")  # what `enabled = false` makes moot
+BREAKER_KEYS = {"enabled", *BREAKER_SETTINGS}
 GUARD_KEYS = {"enabled", "failures"}
 
 
@@ -128,7 +129,7 @@ def breaker_of(
     _unknown(value, BREAKER_KEYS, m, key)
     enabled = get(value, "enabled", bool, m, key)
     on = base.enabled if enabled is None else enabled
-    given = [k for k in ("failures", "probe", "max_probe") if k in value]
+    given = [k for k in BREAKER_SETTINGS if k in value]
     if not on:
         add = m.setting(f"{key}.enabled", True)
         _off(m, key, given, enabled, f"this flow has no call effect; add {add}")
