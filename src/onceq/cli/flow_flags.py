@@ -192,20 +192,16 @@ def table_of(values: dict[str, Any], m: FlagMistakes, params: tuple[str, ...]) -
     return table
 
 
-def _policy_table(values: dict[str, Any], m: FlagMistakes) -> dict[str, Any]:
-    return table_of(values, m, POLICY_PARAMS)
-
-
 def own_flow(kind: str, values: dict[str, Any], fixed: dict[str, Any]) -> Flow:
     """The flow the flags describe over a `kind` source (the command's), `fixed` the keys
     the command sets itself (its queue folder, timeout, concurrency …); exit 2 with
     every mistake, each naming its flag."""
     name = values.get("flow_name") or "default"
     m = FlagMistakes(name, kind)
-    params = tuple(p for p in BY_PARAM if p not in POLICY_PARAMS)
-    if not values.get("http_url"):
-        params = tuple(p for p in params if not BY_PARAM[p].key.startswith("http."))
-    table = {"source": kind, **table_of(values, m, params), **_policy_table(values, m)}
+    # Without --url no http flag is read (check_http_flags refused those given).
+    url = bool(values.get("http_url"))
+    params = tuple(p for p, f in BY_PARAM.items() if url or not f.key.startswith("http."))
+    table = {"source": kind, **table_of(values, m, params)}
     stype = registry.named(kind)
     for param, key in (stype.flag_keys() if stype else {}).items():
         value = values.get(param)
@@ -225,7 +221,7 @@ def over_preset(flow: Flow, values: dict[str, Any]) -> Flow:
     """A preset's flow with the retry, breaker and guard flags given (the flow itself
     when none was); exit 2 naming the flag for a bad value."""
     m = FlagMistakes(flow.name)
-    table = _policy_table(values, m)
+    table = table_of(values, m, POLICY_PARAMS)
     got = policies(flow, table, WHERE, m) if not m.lines else None
     m.refuse()
     assert got is not None
@@ -235,7 +231,7 @@ def over_preset(flow: Flow, values: dict[str, Any]) -> Flow:
 def retry_policy(values: dict[str, Any]) -> RetryPolicy | None:
     """The retry policy the retry flags describe over the default one (None: none given)."""
     m = FlagMistakes("default")
-    table = _policy_table(values, m)
+    table = table_of(values, m, POLICY_PARAMS)
     policy = retry_of(table, m, WHERE, RetryPolicy()) if not m.lines else None
     m.refuse()
     return policy
