@@ -115,7 +115,7 @@ def test_the_flags_collect_every_mistake_one_line_each(capsys: pytest.CaptureFix
     assert said == "--breaker-probe: '0': must be more than 0"
     assert capsys.readouterr().err.splitlines() == [
         "onceq: --success: '2x0' is not an HTTP status (100-599 or 1xx-5xx)",
-        "onceq: --retry-delays: '5x': not a duration (e.g. \"5s\", \"2m\", \"500ms\")",
+        'onceq: --retry-delays: \'5x\': not a duration (e.g. "5s", "2m", "500ms")',
     ]
 
 
