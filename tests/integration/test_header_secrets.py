@@ -135,11 +135,11 @@ def test_a_traceback_that_quotes_a_header_value_is_masked(
 ) -> None:
     """The last line of defence: a bug whose exception quotes the token (the whole
     value, or the token alone) is printed through the masking streams."""
-    from onceq.cli.flow_options import _header_pairs
+    from onceq.cli.flow_options import header_pairs
     from onceq.core.redact import forget_all, guarded_stdio
 
     try:
-        _header_pairs((f"Authorization: Bearer {TOKEN}",))
+        header_pairs((f"Authorization: Bearer {TOKEN}",))
         with pytest.raises(SystemExit), guarded_stdio():
             print(f"debug: Bearer {TOKEN}")
             raise RuntimeError(f"unexpected answer for token {json.dumps(TOKEN)}")

@@ -179,42 +179,26 @@ def consume(
 def _consume_flow(
     qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
 ) -> Any:
-    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_options),
-    with the retry and breaker flags applied (the preset keeps none unless given)."""
-    from onceq.cli.retry_options import BREAKER_KEYS, GUARD_KEYS, RETRY_KEYS, apply_retry
-
-    retry_values = {
-        k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS, *GUARD_KEYS) if k in flags
-    }
-    return apply_retry(_base_flow(qdir, workers, required, max_bytes, flags), retry_values)
-
-
-def _base_flow(
-    qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
-) -> Any:
-    from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
+    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_flags: the
+    flow file's builder), with the retry and breaker flags (the preset keeps none unless
+    given)."""
+    from onceq.cli.flow_flags import over_preset, own_flow  # the flow builder: not for --help
+    from onceq.cli.flow_options import check_http_flags, is_generic
     from onceq.exercise.flows import orders_flow
-    from onceq.sources.dirq.plugin import DirSource
 
-    if not is_generic(flags):
-        check_http_flags(flags)
-        flow = orders_flow(
-            qdir,
-            workers=workers,
-            required=parse_required(required or DEFAULT_REQUIRED),
-            max_bytes=max_bytes,
-        )
-        flow.name = flags.get("flow_name") or flow.name
-        return flow.validate()
-    flags = {**flags, "required": required}
-    return build_flow(
-        DirSource(qdir, workers),
-        flags,
-        rabbit=False,
-        timeout=flags.pop("http_timeout"),
-        concurrency=5,
+    if is_generic(flags):
+        values = {**flags, "required": required, "qdir": qdir, "workers": workers}
+        fixed = {"max_bytes": max_bytes, "http.concurrency": 5}
+        return own_flow("dirq", values, fixed)
+    check_http_flags(flags)
+    flow = orders_flow(
+        qdir,
+        workers=workers,
+        required=parse_required(required or DEFAULT_REQUIRED),
         max_bytes=max_bytes,
     )
+    flow.name = flags.get("flow_name") or flow.name
+    return over_preset(flow.validate(), flags)
 
 
 def _run_consume(flow: Any, db: Target | None, workers: int, telemetry: Telemetry) -> Stats:

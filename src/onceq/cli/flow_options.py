@@ -1,8 +1,9 @@
 """The message-spec and HTTP-effect flags `dirq consume` and `mq consume` share.
 
-They build the same `Flow` a flow file's table builds (onceq.flows.flow), so a flag run
-and a flow-file run are one code path. No spec or effect flag at all means the
-command's exercise preset, exactly as before flows.
+Their values become flow keys (onceq.cli.flow_flags) that the flow file's builder
+reads (onceq.flows.build), so a flag run and a flow-file run are one code path. No
+spec or effect flag at all means the command's exercise preset, exactly as before
+flows.
 """
 
 from __future__ import annotations
@@ -29,15 +30,6 @@ HTTP_FLAGS = (
     "reject",
     "transient",
 )
-
-
-def _fields(value: str | None, flag: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    fields = tuple(f.strip() for f in value.split(",") if f.strip())
-    if not fields:
-        raise UsageError(f"{flag} {value!r}: names no field")
-    return fields
 
 
 def flow_name_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -210,7 +202,8 @@ def remember_header_words(argv: list[str]) -> list[str]:
     return after
 
 
-def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
+def header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
+    """`--header` values as {NAME: VALUE}, each ${ENV} filled in and remembered as a secret."""
     from onceq.effects.http_headers import parse_header_arg
 
     out: dict[str, str] = {}
@@ -234,71 +227,3 @@ def _header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
         # whatever echoes it (a partner's error body, an exception, a traceback).
         remember_secret(out[name])
     return out
-
-
-def build_flow(
-    source: Any,
-    values: dict[str, Any],
-    *,
-    rabbit: bool,
-    timeout: float,
-    concurrency: int,
-    max_bytes: int | None = None,
-) -> Any:
-    """The Flow the flags describe over `source` (a DirSource or RabbitSource)."""
-    from onceq.core.message import MessageSpec
-    from onceq.flows.flow import Flow
-
-    check_http_flags(values)
-    spec_args: dict[str, Any] = {
-        "id_field": values.get("id_field") or "msg_id",
-        # With --id-field the id is all a message must have, unless --required says more.
-        "required": _fields(values.get("required"), "--required") or (),
-        "group_field": values.get("group_field"),
-        "seq_field": values.get("seq_field"),
-        "keep": _fields(values.get("keep"), "--keep") or (),
-        "id_property": rabbit,
-    }
-    if max_bytes is not None:
-        spec_args["max_bytes"] = max_bytes
-    try:
-        spec = MessageSpec(**spec_args)
-    except UsageError as exc:  # "message spec: id_field 'a..b': …": name the flag
-        text = str(exc)
-        for key in ("id_field", "group_field", "seq_field", "keep", "required"):
-            head = f"message spec: {key} "
-            if text.startswith(head):
-                raise UsageError(f"{_flag(key)} {text[len(head) :]}") from None
-        raise
-    effect = None
-    if values.get("http_url"):
-        from onceq.effects.http import HttpEffect, StatusMap
-
-        try:
-            statuses = StatusMap.parse(
-                success=values.get("success"),
-                duplicate=values.get("duplicate"),
-                reject=values.get("reject"),
-                transient=values.get("transient"),
-            )
-        except UsageError as exc:  # "reject: '4x9' is not …": name the flag
-            raise UsageError(f"--{exc}") from None
-        args: dict[str, Any] = {}
-        if values.get("method"):
-            args["method"] = values["method"]
-        if values.get("idempotency_header"):
-            args["idempotency_header"] = values["idempotency_header"]
-        headers = _header_pairs(values.get("headers") or ())
-        try:
-            effect = HttpEffect(
-                values["http_url"],
-                headers=headers,
-                statuses=statuses,
-                timeout=timeout,
-                concurrency=concurrency,
-                **args,
-            )
-        except UsageError as exc:  # "url …", "method: …", "header X: …": name the flag
-            text = str(exc).replace("idempotency header ", "idempotency-header ", 1)
-            raise UsageError(f"--{text}") from None
-    return Flow(values.get("flow_name") or "default", source, spec, effect).validate()

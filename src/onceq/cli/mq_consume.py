@@ -11,13 +11,7 @@ from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
-from onceq.cli.retry_options import (
-    BREAKER_KEYS,
-    GUARD_KEYS,
-    RETRY_KEYS,
-    apply_retry,
-    retry_options,
-)
+from onceq.cli.retry_options import retry_options
 from onceq.errors import UsageError
 from onceq.ledger.target import Target, describe
 
@@ -164,11 +158,7 @@ def consume(
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
     telemetry = telemetry_for(ops)
-    retry_values = {
-        k: flags.pop(k) for k in (*RETRY_KEYS, *BREAKER_KEYS, *GUARD_KEYS) if k in flags
-    }
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
-    flow = apply_retry(flow, retry_values)
     opts = ConsumeOptions(
         claim_url=claim_url or "",
         db=db or default_db(),
@@ -218,10 +208,11 @@ def _consume_flow(
     timeout: float,
     flags: dict[str, Any],
 ) -> Any:
-    """--claim: the claims preset; --url (and the spec flags): the user's own flow."""
-    from onceq.cli.flow_options import build_flow, check_http_flags, is_generic
+    """--claim: the claims preset; --url (and the spec flags): the user's own flow, both
+    with the retry, breaker and guard flags (onceq.cli.flow_flags: the flow file's builder)."""
+    from onceq.cli.flow_flags import over_preset, own_flow  # the flow builder: not for --help
+    from onceq.cli.flow_options import check_http_flags, is_generic
     from onceq.exercise.flows import claims_flow
-    from onceq.sources.amqp.plugin import RabbitSource
 
     if claim_url is not None:
         if is_generic(flags) or queue is not None or required is not None:
@@ -232,7 +223,7 @@ def _consume_flow(
         check_http_flags(flags, preset=True)
         flow = claims_flow(claim_url, url=url, prefetch=prefetch, timeout=timeout)
         flow.name = flags.get("flow_name") or flow.name
-        return flow.validate()
+        return over_preset(flow.validate(), flags)
     if not flags.get("http_url"):
         raise UsageError(
             "mq consume: give --claim URL (the claims preset) or --url URL (your own"
@@ -240,14 +231,10 @@ def _consume_flow(
         )
     from onceq.sources.amqp.topology import QUEUE
 
-    source = RabbitSource(queue or QUEUE, url=url, prefetch=prefetch)
-    return build_flow(
-        source,
-        {**flags, "required": required},
-        rabbit=True,
-        timeout=timeout,
-        concurrency=prefetch,
-    )
+    check_http_flags(flags)
+    values = {**flags, "required": required, "queue": queue or QUEUE, "prefetch": prefetch}
+    fixed = {"url": url, "id_property": True, "http.timeout": timeout, "http.concurrency": prefetch}
+    return own_flow("rabbitmq", values, fixed)
 
 
 def _unfinished_batch(signum: int | None, max_seconds: float | None, queue: str) -> None:

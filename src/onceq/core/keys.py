@@ -39,17 +39,32 @@ class Mistakes:
         """In the file's order (a mistake with no line last): how a reader fixes them."""
         return [text for _, text in sorted(self._found, key=lambda x: x[0])]
 
-    def add(self, key: str, why: str) -> None:
+    def add(self, key: str, why: str, subject: str = "") -> None:
+        """A mistake in `key`; `subject` is the value (or name) it is about when the
+        line reads `key SUBJECT: why` on a command line (`--url U: why`): a file says
+        `key: SUBJECT: why`."""
         if key in self.unset:
             return
-        self._add(key, why)
+        self.record(key, why, subject)
 
     def add_unset(self, key: str, name: str) -> None:
         """`${name}` in `key` is not set: one line, and no later check of that key."""
-        self._add(key, f"environment variable {name} is not set")
+        self.record(key, f"environment variable {name} is not set", "")
         self.unset.add(key)
 
-    def _add(self, key: str, why: str) -> None:
+    def setting(self, key: str, value: Any = None) -> str:
+        """How the reader writes `key` (set to `value`), for a why that names another key
+        (`enabled = false`, `immediate`); a front end with other spellings (flags) says
+        its own."""
+        name = key.rpartition(".")[2]
+        if value is None:
+            return f"`{name}`"
+        return f"{name} = {str(value).lower() if isinstance(value, bool) else repr(value)}"
+
+    def record(self, key: str, why: str, subject: str) -> None:
+        """Keep one mistake: here as the file's line (a front end may keep it its own way)."""
+        if subject:
+            why = f"{subject}: {why}"
         line = self.line_of(key)
         where = f"line {line}: " if line else ""
         self._found.append((line or 1 << 30, f"{self.path}: {where}{key}: {why}"))

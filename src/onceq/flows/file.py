@@ -34,12 +34,10 @@ from typing import Any
 
 from onceq.core.keys import Mistakes, get
 from onceq.errors import UsageError
-from onceq.flows.file_effects import effect_of, spec_of, sql_of
-from onceq.flows.file_keys import ENV, METRICS_KEYS, TOP_KEYS, flow_keys
-from onceq.flows.file_retry import breaker_of, guard_of, retry_of
-from onceq.flows.flow import NAME, Flow
+from onceq.flows.build import build
+from onceq.flows.file_keys import ENV, METRICS_KEYS, TOP_KEYS
+from onceq.flows.flow import Flow
 from onceq.ledger.target import Target
-from onceq.sources import registry
 
 
 class FlowFileError(UsageError):
@@ -140,7 +138,7 @@ def _build(doc: dict[str, Any], base: Path, m: Mistakes, names: tuple[str, ...])
         if not isinstance(table, dict):
             m.add(key, "must be a table ([flows.NAME])")
             continue
-        flow = _flow(name, _expand(table, key, m), base, m)
+        flow = build(name, _expand(table, key, m), key, base, m)
         if flow is not None:
             out.flows.append(flow)
     return out
@@ -189,39 +187,3 @@ def _metrics(doc: dict[str, Any], m: Mistakes) -> tuple[str | None, int | None]:
         m.add("metrics.port", f"must be 1-65535, not {port}")
         port = None
     return host, port
-
-
-def _flow(name: str, t: dict[str, Any], base: Path, m: Mistakes) -> Flow | None:
-    where = f"flows.{name}"
-    before = len(m)
-    if not NAME.fullmatch(name):
-        m.add(where, "a flow name is 1-64 of A-Z a-z 0-9 _ . - (starting with a letter or digit)")
-    keys = flow_keys()
-    for k in t:
-        if k not in keys:
-            m.add(f"{where}.{k}", "unknown key")
-    kind = get(t, "source", str, m, where, required=True)
-    source: Any = None
-    if kind is not None:
-        stype = registry.named(kind)
-        if stype is None or not stype.public:
-            m.add(f"{where}.source", f"must be {_one_of(registry.kinds())}, not {kind!r}")
-        else:
-            for other in registry.types():  # another source's key: the wrong source, named
-                for k in sorted((other.file_keys - stype.file_keys) & t.keys()):
-                    m.add(f"{where}.{k}", f"is for a {other.kind} source, not a {kind} one")
-            source = stype.from_table(t, where, base, m)
-    spec = spec_of(t, m, where)
-    effect = effect_of(t, m, where, base)
-    sql = sql_of(t, m, where, base)
-    retry, breaker = retry_of(t, m, where), breaker_of(t, m, where)
-    guard = guard_of(t, m, where)
-    if len(m) > before:
-        return None
-    return Flow(name, source, spec, effect, sql, retry=retry, breaker=breaker, guard=guard)
-
-
-def _one_of(kinds: list[str]) -> str:
-    """`"a"`, `"a" or "b"`, `"a", "b" or "c"`."""
-    quoted = [f'"{k}"' for k in kinds]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]

@@ -35,8 +35,24 @@ def spec_of(t: dict[str, Any], m: Mistakes, where: str) -> Any:
     try:
         return MessageSpec(**args)
     except UsageError as exc:
-        m.add(where, str(exc))
+        m.add(*_spec_key(str(exc), where))
         return None
+
+
+SPEC_KEYS = ("id_field", "group_field", "seq_field", "keep", "required", "max_bytes")
+
+
+def _spec_key(message: str, where: str) -> tuple[str, str, str]:
+    """MessageSpec's refusal as (the key, why, the value it is about):
+    'message spec: keep 'a..b': why' → (WHERE.keep, why, "'a..b'")."""
+    body = message.removeprefix("message spec: ")
+    role, _, rest = body.partition(" ")
+    if role.rstrip(":") not in SPEC_KEYS:
+        return where, message, ""
+    if role.endswith(":"):
+        return f"{where}.{role[:-1]}", rest, ""
+    subject, _, why = rest.rpartition(": ")
+    return f"{where}.{role}", why, subject
 
 
 def effect_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
@@ -91,8 +107,10 @@ def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
     if len(lists) == sum(role in t for role in STATUS_KEYS):
         try:
             statuses = StatusMap.parse(**lists)
-        except UsageError as exc:
-            m.add(where, str(exc))
+        except UsageError as exc:  # 'duplicate: 2xx is also in success': that list's
+            role = str(exc).partition(": ")[0]
+            key = f"{where}.{role}" if role in STATUS_KEYS else where
+            m.add(key, _after_role(str(exc), role))
     args: dict[str, Any] = {}
     for key, kind in (
         ("method", str),
@@ -112,21 +130,21 @@ def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
         return None
 
 
-def _key_of(message: str, where: str) -> tuple[str, str]:
-    """HttpEffect's refusal as (the key, why): 'header X: why' → (WHERE.headers.X, why),
-    'url U: why' → (WHERE.url, 'U: why'), as the flags name their option (--header X:)."""
+def _key_of(message: str, where: str) -> tuple[str, str, str]:
+    """HttpEffect's refusal as (the key, why, the value it is about): 'header X: why' →
+    (WHERE.headers.X, why, ''), 'url U: why' → (WHERE.url, why, 'U'); a flag reads
+    `--url U: why`, a file `flows.NAME.http.url: U: why`."""
     if message.startswith("header "):
         name, _, why = message[len("header ") :].partition(": ")
-        return f"{where}.headers.{name}", why
-    for head, key in (
-        ("idempotency header ", "idempotency_header"),
-        ("url ", "url"),
-        ("method: ", "method"),
-        ("timeout: ", "timeout"),
-    ):
+        return f"{where}.headers.{name}", why, ""
+    for head, key in (("idempotency header ", "idempotency_header"), ("url ", "url")):
         if message.startswith(head):
-            return f"{where}.{key}", message[len(head) :]
-    return where, message
+            subject, _, why = message[len(head) :].partition(": ")
+            return f"{where}.{key}", why, subject
+    for head in ("method: ", "timeout: "):
+        if message.startswith(head):
+            return f"{where}.{head[:-2]}", message[len(head) :], ""
+    return where, message, ""
 
 
 def _after_role(message: str, role: str) -> str:

@@ -32,12 +32,16 @@ from onceq.errors import UsageError
 
 POLICY_NAMES = ("default", "exercise", "none")
 RETRY_KEYS = {"immediate", "delays"}
-BREAKER_KEYS = {"enabled", "failures", "probe", "max_probe"}
+BREAKER_SETTINGS = ("failures", "probe", "max_probe")  # what `enabled = false` makes moot
+BREAKER_KEYS = {"enabled", *BREAKER_SETTINGS}
 GUARD_KEYS = {"enabled", "failures"}
 
 
-def retry_of(t: dict[str, Any], m: Mistakes, where: str) -> RetryPolicy | None:
-    """The flow's `retry` (a policy's name or a table); None when absent or wrong."""
+def retry_of(
+    t: dict[str, Any], m: Mistakes, where: str, base: RetryPolicy | None = None
+) -> RetryPolicy | None:
+    """The flow's `retry` (a policy's name or a table over `base`, by default the default
+    policy); None when absent or wrong."""
     if "retry" not in t:
         return None
     key = f"{where}.retry"
@@ -51,9 +55,7 @@ def retry_of(t: dict[str, Any], m: Mistakes, where: str) -> RetryPolicy | None:
         m.add(key, f"must be a policy's name (text) or a table, not {toml_type(value)}")
         return None
     before = len(m)
-    for k in value:
-        if k not in RETRY_KEYS:
-            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(RETRY_KEYS))})")
+    _unknown(value, RETRY_KEYS, m, key)
     changes: dict[str, Any] = {}
     immediate = get(value, "immediate", int, m, key)
     if immediate is not None:
@@ -66,10 +68,16 @@ def retry_of(t: dict[str, Any], m: Mistakes, where: str) -> RetryPolicy | None:
     if len(m) > before:
         return None
     try:
-        return dataclasses.replace(RetryPolicy(), **changes)
+        return dataclasses.replace(base or RetryPolicy(), **changes)
     except UsageError as exc:  # two delays the same, more than 20
         m.add(f"{key}.delays", str(exc).removeprefix("retry: "))
         return None
+
+
+def _unknown(table: dict[str, Any], keys: set[str], m: Mistakes, key: str) -> None:
+    for k in table:
+        if k not in keys:
+            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(keys))})")
 
 
 def _durations(items: list[Any], key: str, m: Mistakes) -> tuple[float, ...]:
@@ -84,83 +92,106 @@ def _durations(items: list[Any], key: str, m: Mistakes) -> tuple[float, ...]:
             m.add(key, f'{item!r}: not a duration (e.g. "5s", "2m", "500ms")')
             continue
         if seconds <= 0:
-            m.add(key, f"{item!r}: a delay must be more than 0 (immediate retries are `immediate`)")
+            immediate = m.setting(key.rpartition(".")[0] + ".immediate")
+            m.add(key, f"{item!r}: a delay must be more than 0 (immediate retries are {immediate})")
             continue
         out.append(seconds)
     return tuple(out)
 
 
-def breaker_of(t: dict[str, Any], m: Mistakes, where: str) -> BreakerPolicy | None:
-    """The flow's `breaker` (a table, or true/false); None when absent or wrong."""
-    if "breaker" not in t:
+def _switch_table(t: dict[str, Any], name: str, m: Mistakes, where: str) -> Any:
+    """`breaker`/`guard`: true/false or a table (returned as it is); None when absent or wrong."""
+    value = t.get(name)
+    if value is not None and not isinstance(value, bool | dict):
+        m.add(f"{where}.{name}", f"must be a table or true/false, not {toml_type(value)}")
         return None
+    return value
+
+
+def _off(m: Mistakes, key: str, given: list[str], enabled: bool | None, why: str) -> None:
+    """A setting of a switch that ends up off would be silently ignored: refuse it (the first)."""
+    if given:
+        fix = m.setting(f"{key}.enabled", False) if enabled is False else why
+        m.add(f"{key}.{given[0]}", f"the {key.rpartition('.')[2]} is off ({fix})")
+
+
+def breaker_of(
+    t: dict[str, Any], m: Mistakes, where: str, base: BreakerPolicy
+) -> BreakerPolicy | None:
+    """The flow's `breaker` (a table over `base`, or true/false); None when absent or wrong.
+
+    A table without `enabled` keeps `base`'s (on for a flow with a call effect)."""
+    value = _switch_table(t, "breaker", m, where)
+    if value is None or isinstance(value, bool):
+        return None if value is None else BreakerPolicy() if value else BreakerPolicy.off()
     key = f"{where}.breaker"
-    value = t["breaker"]
-    if isinstance(value, bool):
-        return BreakerPolicy() if value else BreakerPolicy.off()
-    if not isinstance(value, dict):
-        m.add(key, f"must be a table or true/false, not {toml_type(value)}")
-        return None
     before = len(m)
-    for k in value:
-        if k not in BREAKER_KEYS:
-            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(BREAKER_KEYS))})")
-    changes: dict[str, Any] = {}
-    if (enabled := get(value, "enabled", bool, m, key)) is not None:
-        changes["enabled"] = enabled
+    _unknown(value, BREAKER_KEYS, m, key)
+    enabled = get(value, "enabled", bool, m, key)
+    on = base.enabled if enabled is None else enabled
+    given = [k for k in BREAKER_SETTINGS if k in value]
+    if not on:
+        add = m.setting(f"{key}.enabled", True)
+        _off(m, key, given, enabled, f"this flow has no call effect; add {add}")
+    changes: dict[str, Any] = {"enabled": on}
     if (failures := get(value, "failures", int, m, key)) is not None:
         if not 1 <= failures <= 10_000:
             m.add(f"{key}.failures", f"must be 1-10000, not {failures}")
         changes["failures"] = failures
     for name in ("probe", "max_probe"):
-        given = value.get(name)
-        if given is None:
+        given_value = value.get(name)
+        if given_value is None:
             continue
-        if isinstance(given, bool) or not isinstance(given, str | int | float):
-            m.add(f"{key}.{name}", f'must be a duration ("1s") or seconds, not {toml_type(given)}')
-            continue
-        try:
-            seconds = parse_duration(given, name)
-        except UsageError:
-            m.add(f"{key}.{name}", f'{given!r}: not a duration (e.g. "1s", "30s", "500ms")')
-            continue
-        if seconds <= 0:
-            m.add(f"{key}.{name}", f"{given!r}: must be more than 0")
-            continue
-        changes[name] = seconds
+        seconds = _duration(given_value, f"{key}.{name}", m)
+        if seconds is not None:
+            changes[name] = seconds
     if len(m) > before:
         return None
     try:
-        return dataclasses.replace(BreakerPolicy(), **changes)
+        return dataclasses.replace(base, **changes)
     except UsageError as exc:  # max_probe below probe
         m.add(f"{key}.max_probe", str(exc).removeprefix("breaker: "))
         return None
 
 
-def guard_of(t: dict[str, Any], m: Mistakes, where: str) -> GuardPolicy | None:
-    """The flow's `guard` (a table, or true/false); None when absent or wrong."""
-    if "guard" not in t:
+def _duration(given: Any, key: str, m: Mistakes) -> float | None:
+    if isinstance(given, bool) or not isinstance(given, str | int | float):
+        m.add(key, f'must be a duration ("1s") or seconds, not {toml_type(given)}')
         return None
+    try:
+        seconds = parse_duration(given, key)
+    except UsageError:
+        m.add(key, f'{given!r}: not a duration (e.g. "1s", "30s", "500ms")')
+        return None
+    if seconds <= 0:
+        m.add(key, f"{given!r}: must be more than 0")
+        return None
+    return seconds
+
+
+def guard_of(t: dict[str, Any], m: Mistakes, where: str, base: GuardPolicy) -> GuardPolicy | None:
+    """The flow's `guard` (a table over `base`, or true/false); None when absent or wrong.
+
+    A table turns it on unless it says `enabled = false`: a number of failures is meant
+    to count (a preset's guard is off, and keeps the exercise's exit rule)."""
+    value = _switch_table(t, "guard", m, where)
+    if value is None or isinstance(value, bool):
+        return None if value is None else GuardPolicy() if value else GuardPolicy.off()
     key = f"{where}.guard"
-    value = t["guard"]
-    if isinstance(value, bool):
-        return GuardPolicy() if value else GuardPolicy.off()
-    if not isinstance(value, dict):
-        m.add(key, f"must be a table or true/false, not {toml_type(value)}")
-        return None
     before = len(m)
-    for k in value:
-        if k not in GUARD_KEYS:
-            m.add(f"{key}.{k}", f"unknown key (expected: {', '.join(sorted(GUARD_KEYS))})")
-    enabled = get(value, "enabled", bool, m, key, True)
+    _unknown(value, GUARD_KEYS, m, key)
+    enabled = get(value, "enabled", bool, m, key)
     failures = get(value, "failures", int, m, key)
     if failures is not None and not 1 <= failures <= MAX_FAILURES:
         m.add(f"{key}.failures", f"must be 1-{MAX_FAILURES}, not {failures}")
+    if enabled is False:
+        _off(m, key, [k for k in ("failures",) if k in value], enabled, "")
     if len(m) > before:
         return None
-    if failures is None:
-        return GuardPolicy(enabled=enabled)
-    return GuardPolicy(enabled=enabled, failures=failures)
+    changes: dict[str, Any] = {"enabled": enabled is not False}
+    if failures is not None:
+        changes["failures"] = failures
+    return dataclasses.replace(base, **changes)
 
 
 def describe(flow: Any) -> dict[str, Any]:

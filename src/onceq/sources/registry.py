@@ -73,6 +73,12 @@ class SourceType:
         """Why this flow's running consumer is unhealthy for /healthz, from its source, or None."""
         return None
 
+    # -- the command line -------------------------------------------------------------
+    def flag_keys(self) -> dict[str, str]:
+        """{click's parameter name: this kind's flow key} for its consume command's
+        flags (`--workers` → `workers`): the flags feed the same builder as a flow file."""
+        return {}
+
 
 # kind -> "module:attribute" of its SourceType instance, imported on first use.
 BUILTIN: dict[str, str] = {

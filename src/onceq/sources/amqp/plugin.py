@@ -109,5 +109,8 @@ class RabbitType(SourceType):
     def problem(self, flow: Any, transport: Any) -> str | None:
         return None if transport.connected else "broker connection lost"
 
+    def flag_keys(self) -> dict[str, str]:
+        return {"queue": "queue", "prefetch": "prefetch"}  # mq consume --queue Q --prefetch N
+
 
 RABBITMQ = RabbitType()

@@ -72,5 +72,8 @@ class DirqType(SourceType):
             return f"queue folder {root} is gone"
         return None
 
+    def flag_keys(self) -> dict[str, str]:
+        return {"qdir": "path", "workers": "workers"}  # dirq consume QDIR --workers N
+
 
 DIRQ = DirqType()
