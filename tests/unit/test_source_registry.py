@@ -94,9 +94,7 @@ def test_a_mistyped_kind_lists_every_registered_one(tmp_path: Path) -> None:
     path = write(tmp_path, '[flows.a]\nsource = "testqq"\n')
     with pytest.raises(FlowFileError) as err:
         load_flows(path)
-    assert (
-        'flows.a.source: must be "dirq", "rabbitmq" or "testq", not \'testqq\'' in str(err.value)
-    )
+    assert 'flows.a.source: must be "dirq", "rabbitmq" or "testq", not \'testqq\'' in str(err.value)
 
 
 def test_validate_asks_the_type() -> None:
