@@ -74,11 +74,12 @@ def flag_headers(draw: st.DrawFn) -> Header:
     else:
         arg = f"{draw(st.sampled_from(NOT_NAMES))}: {value}"
     # Refused for sure: no NAME ':' at its head (a blank one may still read
-    # `X-Api-Key :v…` as a name and a value), or a value no header can carry.
+    # `X-Api-Key :v…` as a name and a value), or a value no header can carry once the
+    # blanks around it are stripped (`X-Api-Key: \tv` is the header `v`).
     refused = (
         shape in ("equals", "no-name", "not-a-name")
         or ":" not in arg
-        or any(c in value for c in "\r\n\t")
+        or any(c in value.strip() for c in "\r\n\t")
     )
     return arg, tokens, refused
 
