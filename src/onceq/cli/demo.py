@@ -32,11 +32,11 @@ def demo(root: Path, as_json: bool) -> None:
       onceq demo --dir /tmp/d --json
     """
     from onceq.exercise.sample import sample_dir
+    from onceq.flows.batch import consume_queue as consume
     from onceq.ledger.target import open_ledger
     from onceq.sources.dirq.order import check_order
     from onceq.sources.dirq.queue import DirQueue
     from onceq.sources.dirq.report import write_report
-    from onceq.sources.dirq.run import consume
 
     if root.exists() and not (root / MARKER).exists():
         raise Conflict(f"{root}: exists and is not an onceq demo folder; choose --dir")

@@ -6,13 +6,15 @@
         async with telemetry.track(flow, consumer, transport):
             await consumer.run()
 
-One `Telemetry` per process (a process may run several flows: `onceq run`); each
-consume path (`dirq.run.consume_flow`, `amqp.consume.consume_flow`, the runner's
-transport flows) registers the consumer it runs with `track`, so every flow is
-watched the same way whichever command started it. Importing it costs nothing either
-(prometheus_client and aiohttp are imported on first use: `dirq lag` stays light).
-Without a port it serves nothing and the loop pays for nothing: no timer, no reader
-(only h3's log hook, which is a level check when INFO is off, and the heartbeat).
+One `Telemetry` per process (a process may run several flows: `onceq run`); the one
+run path (onceq.flows.runner) registers each consumer it runs with `track`, so every
+flow is watched the same way whichever command started it. `track` only subscribes
+to the consumer's events (onceq.core.hooks: settled groups for the log lines, call
+durations for the histogram, state changes for the heartbeat): it never patches it.
+Importing it costs nothing either (prometheus_client and aiohttp are imported on
+first use: `dirq lag` stays light). Without a port it serves nothing and the loop
+pays for nothing: no timer, no reader (only h3's log hook, which is a level check
+when INFO is off, and the heartbeat).
 
 Where the numbers come from (onceq.ops.metrics): read at scrape time from the consumer's
 own `Stats`, filled in once per settled group by the loop, so /metrics and the run's
@@ -37,7 +39,6 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ class Telemetry:
         """Watch one flow's consumer while inside (metrics, health, published state)."""
         from onceq.core.logs import log_group
 
-        consumer.on_settled = _chain(consumer.on_settled, flow.name, log_group)
+        hooks = consumer.hooks
+        hooks.settled.append(functools.partial(_log_settled, flow.name, log_group))
         watch = _Live(flow, consumer, transport)
         reporter = None
         if self.watching:
@@ -208,7 +210,8 @@ class Telemetry:
             from onceq.ops.metrics import Durations
 
             if consumer.handler is not no_effect:
-                consumer.effect_timer = Durations()
+                watch.durations = Durations()
+                hooks.call_ended.append(watch.durations.observe)
             fm = self.expect(flow)
             fm.snapshots.append(watch.snapshot)
             if self.enabled and fm.queue is None:
@@ -223,6 +226,8 @@ class Telemetry:
         # `onceq status` shows of a running consumer; it notices a breaker change by
         # itself within a second, and its final row says "stopped".
         heartbeat = await _start_heartbeat(consumer, transport)
+        if heartbeat is not None:  # a stop or the guard's trip: published at once
+            hooks.state.append(lambda _what: heartbeat.poke())
         try:
             yield
         finally:
@@ -285,8 +290,7 @@ class Telemetry:
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
             fm.snapshots.append(functools.partial(self._slot, i))
-        root = Path(flow.source.path)
-        fm.snapshots.append(lambda: _folder_snapshot(root))
+        fm.snapshots.append(lambda: _source_snapshot(flow))
         if self.enabled:
             fm.queue = reader_for(flow, None)
             self._start_reader(fm.queue)
@@ -344,10 +348,13 @@ class _Live:
     """One consumer in this process, as /metrics and /healthz see it."""
 
     def __init__(self, flow: Any, consumer: Any, transport: Any) -> None:
-        self.kind = getattr(flow, "kind", None)
+        from onceq.sources.registry import of
+
+        self.flow = flow
+        self.source_type = of(flow.source)
         self.consumer = consumer
         self.transport = transport
-        self.root = Path(flow.source.path) if self.kind == "dirq" else None
+        self.durations: Any = None  # onceq.ops.metrics.Durations: the calls' histogram
         self.ended = False
 
     def problem(self) -> str | None:
@@ -359,10 +366,10 @@ class _Live:
             return DONE
         if c.stopping:
             return "stopping"
-        if self.kind == "rabbitmq" and not self.transport.connected:
-            return "broker connection lost"
-        if self.root is not None and not (self.root / "inbox").is_dir():
-            return f"queue folder {self.root} is gone"
+        st = self.source_type
+        problem = st.problem(self.flow, self.transport) if st is not None else None
+        if problem is not None:  # the broker's connection, the queue folder
+            return problem
         if c.holds.ledger_away:
             return "ledger unavailable"
         return None
@@ -373,7 +380,7 @@ class _Live:
         c = self.consumer
         b = c.breaker
         return Snapshot(
-            c.stats, c.in_flight, b.state if b else None, c.effect_timer, self.problem()
+            c.stats, c.in_flight, b.state if b else None, self.durations, self.problem()
         )
 
 
@@ -392,26 +399,21 @@ async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
     return heartbeat
 
 
-def _folder_snapshot(root: Path) -> Snapshot:
+def _source_snapshot(flow: Any) -> Snapshot:
+    """The --workers parent's own look at the source (its folder), beside the children's."""
     from onceq.core.stats import Stats
     from onceq.ops.metrics import Snapshot
+    from onceq.sources.registry import of
 
-    ok = (root / "inbox").is_dir()
-    return Snapshot(Stats(), problem=None if ok else f"queue folder {root} is gone")
+    st = of(flow.source)
+    return Snapshot(Stats(), problem=st.problem(flow, None) if st is not None else None)
 
 
-def _chain(
-    first: Callable[[Sequence[Any]], None] | None, flow: str, log_group: Callable[..., None]
-) -> Callable[[Sequence[Any]], None]:
-    def settled(group: Sequence[Any]) -> None:
-        # Runs in the committer, after the settle: a log line that fails (a closed
-        # stderr, a handler's bug) must not end the run — the committer's errors do.
-        with contextlib.suppress(Exception):
-            log_group(flow, group)
-        if first is not None:
-            first(group)
-
-    return settled
+def _log_settled(flow: str, log_group: Callable[..., None], group: Sequence[Any]) -> None:
+    # Runs in the committer, after the settle: a log line that fails (a closed stderr,
+    # a handler's bug) must not end the run — the committer's errors do.
+    with contextlib.suppress(Exception):
+        log_group(flow, group)
 
 
 def _log_reader_failure(task: asyncio.Task[None]) -> None:

@@ -22,6 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceq.sources.feed import Feed
+
 if TYPE_CHECKING:
     from onceq.flows.file_keys import Mistakes
 
@@ -52,9 +54,7 @@ class SourceType:
         """Consumers of this source one run starts in this process (dirq: its workers)."""
         return 1
 
-    def from_table(
-        self, table: dict[str, Any], where: str, base: Path, m: Mistakes
-    ) -> Any | None:
+    def from_table(self, table: dict[str, Any], where: str, base: Path, m: Mistakes) -> Any | None:
         """The source object a flow file's section describes; mistakes go into `m`."""
         raise NotImplementedError(f"a {self.kind} source cannot be written in a flow file")
 
@@ -72,6 +72,23 @@ class SourceType:
     def problem(self, flow: Any, transport: Any) -> str | None:
         """Why this flow's running consumer is unhealthy for /healthz, from its source, or None."""
         return None
+
+    # -- a run (onceq.flows.runner) ------------------------------------------------------
+    def open(self, flow: Any, until_empty: bool) -> Feed:
+        """The flow's source opened for one consumer of a run: what the runner drives.
+
+        The base: a library user's own transport object, run as it is.
+        """
+        return Feed(flow.source)
+
+    def processes(self, source: Any) -> int:
+        """Consumer processes a run of this one flow forks (`dirq consume --workers N`)."""
+        return 1
+
+    def fan_out(self, n: int, child: Callable[..., Any], watch: Any, ctx: Any) -> Any:
+        """Run `child(i, report)` in n processes: (the summed Stats, the first stop signal
+        or None); `watch` is the parent's telemetry (onceq.sources.dirq.run.fan_out)."""
+        raise NotImplementedError(f"a {self.kind} source runs in one process")
 
 
 # kind -> "module:attribute" of its SourceType instance, imported on first use.
