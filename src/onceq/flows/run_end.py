@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from onceq.core.misconfig import run_error as flow_error
 from onceq.core.misconfig import stopped_error
+from onceq.core.stats import Stats
 from onceq.errors import AllFailed, OnceqError
 from onceq.ledger.target import Target, describe
 
 if TYPE_CHECKING:
-    from onceq.core.stats import Stats
     from onceq.flows.flow import Flow
 
 __all__ = ["RunReport", "Stopped", "run_error"]
@@ -63,8 +63,6 @@ class RunReport:
 
     def add(self, name: str, stats: Stats, extra: dict[str, Any]) -> None:
         """One consumer's end: its counts summed into its flow's, and what its source adds."""
-        from onceq.core.stats import Stats
-
         total = self.stats.setdefault(name, Stats(dead_word=stats.dead_word))
         total.merge(stats.as_dict())
         if "drained" in extra:

@@ -41,6 +41,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceq.sources.registry import of
+
 if TYPE_CHECKING:
     from onceq.ops.metrics import FlowMetrics, Snapshot
 
@@ -226,8 +228,11 @@ class Telemetry:
         # `onceq status` shows of a running consumer; it notices a breaker change by
         # itself within a second, and its final row says "stopped".
         heartbeat = await _start_heartbeat(consumer, transport)
-        if heartbeat is not None:  # a stop or the guard's trip: published at once
-            hooks.state.append(lambda _what: heartbeat.poke())
+        if heartbeat is not None:
+            # The guard's trip is published at once. A stop is not poked: every consumer
+            # of a --workers run stops at the same instant, beside its final commits, and
+            # their pokes would meet on the write lock; its 1 s check sees it anyway.
+            hooks.state.append(lambda what: heartbeat.poke() if what == "misconfigured" else None)
         try:
             yield
         finally:
@@ -348,8 +353,6 @@ class _Live:
     """One consumer in this process, as /metrics and /healthz see it."""
 
     def __init__(self, flow: Any, consumer: Any, transport: Any) -> None:
-        from onceq.sources.registry import of
-
         self.flow = flow
         self.source_type = of(flow.source)
         self.consumer = consumer
@@ -403,7 +406,6 @@ def _source_snapshot(flow: Any) -> Snapshot:
     """The --workers parent's own look at the source (its folder), beside the children's."""
     from onceq.core.stats import Stats
     from onceq.ops.metrics import Snapshot
-    from onceq.sources.registry import of
 
     st = of(flow.source)
     return Snapshot(Stats(), problem=st.problem(flow, None) if st is not None else None)
