@@ -33,6 +33,7 @@ from onceq.sources.dirq.open import stopped_line
 from onceq.sources.dirq.queue import DirQueue
 
 if TYPE_CHECKING:
+    from onceq.sources.feed import Feed
     from onceq.sources.registry import SourceType
 
 __all__ = ["consume_queue", "queue_error", "run_report"]
@@ -84,7 +85,7 @@ def _forked(
     tel.bind()  # before the source and the ledger: a port in use creates nothing
     report = RunReport(as_target(ledger, "ledger"))
     feed = st.open(flow, until_empty)
-    asyncio.run(feed.check())
+    asyncio.run(_check(feed))
     # Create the schema (and the flow's SQL setup) once, before the workers race for it.
     with open_ledger(flow, report.ledger, feed.tag) as book:
         if book.created:
@@ -107,6 +108,14 @@ def _forked(
     report.stats[flow.name] = total
     report.signal = signum
     return report
+
+
+async def _check(feed: Feed) -> None:
+    """The source checked by this process, before any ledger is made (nothing consumed)."""
+    try:
+        await feed.check()
+    finally:
+        await feed.aclose()
 
 
 def _shared_guard(flow: Flow, ctx: Any) -> Flow:
