@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onceq.sources.registry import of
+from onceq.ops.telemetry_live import Live, source_snapshot, start_heartbeat
 
 if TYPE_CHECKING:
     from onceq.ops.metrics import FlowMetrics, Snapshot
@@ -205,7 +205,7 @@ class Telemetry:
 
         hooks = consumer.hooks
         hooks.settled.append(functools.partial(_log_settled, flow.name, log_group))
-        watch = _Live(flow, consumer, transport)
+        watch = Live(flow, consumer, transport)
         reporter = None
         if self.watching:
             from onceq.core.consumer import no_effect
@@ -227,7 +227,7 @@ class Telemetry:
         # The consumer's row in the ledger's `consumers` table (onceq.ops.heartbeat), what
         # `onceq status` shows of a running consumer; it notices a breaker change by
         # itself within a second, and its final row says "stopped".
-        heartbeat = await _start_heartbeat(consumer, transport)
+        heartbeat = await start_heartbeat(consumer, transport)
         if heartbeat is not None:
             # The guard's trip is published at once. A stop is not poked: every consumer
             # of a --workers run stops at the same instant, beside its final commits, and
@@ -268,12 +268,12 @@ class Telemetry:
 
     # --- --workers: children report, the parent serves ----------------------------------
 
-    async def _report_loop(self, watch: _Live) -> None:
+    async def _report_loop(self, watch: Live) -> None:
         while True:
             self._report(watch)
             await asyncio.sleep(REPORT_S)
 
-    def _report(self, watch: _Live) -> None:
+    def _report(self, watch: Live) -> None:
         assert self.reporter is not None
         try:
             from onceq.ops.metrics import snapshot_dict
@@ -295,7 +295,7 @@ class Telemetry:
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
             fm.snapshots.append(functools.partial(self._slot, i))
-        fm.snapshots.append(lambda: _source_snapshot(flow))
+        fm.snapshots.append(lambda: source_snapshot(flow))
         if self.enabled:
             fm.queue = reader_for(flow, None)
             self._start_reader(fm.queue)
@@ -347,68 +347,6 @@ class Telemetry:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
             loop.close()
-
-
-class _Live:
-    """One consumer in this process, as /metrics and /healthz see it."""
-
-    def __init__(self, flow: Any, consumer: Any, transport: Any) -> None:
-        self.flow = flow
-        self.source_type = of(flow.source)
-        self.consumer = consumer
-        self.transport = transport
-        self.durations: Any = None  # onceq.ops.metrics.Durations: the calls' histogram
-        self.ended = False
-
-    def problem(self) -> str | None:
-        """Why this consumer is not healthy, or None."""
-        c = self.consumer
-        if self.ended:
-            from onceq.ops.metrics import DONE
-
-            return DONE
-        if c.stopping:
-            return "stopping"
-        st = self.source_type
-        problem = st.problem(self.flow, self.transport) if st is not None else None
-        if problem is not None:  # the broker's connection, the queue folder
-            return problem
-        if c.holds.ledger_away:
-            return "ledger unavailable"
-        return None
-
-    def snapshot(self) -> Snapshot:
-        from onceq.ops.metrics import Snapshot
-
-        c = self.consumer
-        b = c.breaker
-        return Snapshot(
-            c.stats, c.in_flight, b.state if b else None, self.durations, self.problem()
-        )
-
-
-async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
-    """One Heartbeat for this consumer on its own ledger (None for a ledger of a kind
-    the heartbeat cannot write: a user's own object without a path or URL)."""
-    from onceq.ops.heartbeat import Heartbeat, consumer_state
-
-    ledger = getattr(consumer, "ledger", None)
-    target = getattr(ledger, "url", None) or getattr(ledger, "path", None)
-    flow = getattr(ledger, "flow", None)
-    if target is None or flow is None:
-        return None
-    heartbeat = Heartbeat(target, flow, consumer_state(consumer, transport))
-    await heartbeat.start()
-    return heartbeat
-
-
-def _source_snapshot(flow: Any) -> Snapshot:
-    """The --workers parent's own look at the source (its folder), beside the children's."""
-    from onceq.core.stats import Stats
-    from onceq.ops.metrics import Snapshot
-
-    st = of(flow.source)
-    return Snapshot(Stats(), problem=st.problem(flow, None) if st is not None else None)
 
 
 def _log_settled(flow: str, log_group: Callable[..., None], group: Sequence[Any]) -> None:
