@@ -9,7 +9,7 @@ holds /tmp; the filesystem type is printed), then consumes them with:
 - baseline: what a tutorial would write — per message rename inbox→processing, read,
   json.loads, INSERT OR IGNORE and commit (one transaction per message, SQLite's
   default settings: rollback journal, synchronous FULL), rename to done/;
-- onceq, 1 worker and 2 workers (`onceq.sources.dirq.run.consume` / `consume_parallel`,
+- onceq, 1 worker and 2 workers (`onceq.exercise.dirq_batch.consume_queue`, `workers=2`,
   exactly what the CLI runs): batched commits, WAL + synchronous=FULL, files moved
   by link+unlink after the commit, folders fsynced once per batch;
 - ceiling: the same steps with every avoidable cost removed, durability first — one
@@ -49,11 +49,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import compare
+from onceq.exercise.dirq_batch import consume_queue as consume
 from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.run import consume, consume_parallel
 
 DUPLICATE_EVERY = 10  # every 10th file re-sends an earlier msg_id
-GROUP = 256  # the ceiling's commit group: onceq's (onceq.sources.dirq.run.GROUP)
+GROUP = 256  # the ceiling's commit group: onceq's (onceq.sources.dirq.open.GROUP)
 REQUIRED = ("msg_id", "order_no", "seq", "amount")
 
 
@@ -173,7 +173,7 @@ def ours(root: Path) -> int:
 
 
 def ours_2(root: Path) -> int:
-    return consume_parallel(root, None, None, 2).received
+    return consume(root, workers=2).received
 
 
 INVOICES_DDL = (
@@ -205,7 +205,7 @@ def flow(root: Path, with_sql: bool) -> int:
     """The invoice flow over the directory queue, with or without its SQL effect.
 
     Through the public API (`onceq.run`) when this onceq has it; otherwise composed as
-    `onceq.sources.dirq.run.consume` composes the preset (a Worker, a flow-scoped Ledger, the
+    `onceq dirq consume` composes the preset (a Worker, a flow-scoped Ledger, the
     Consumer with one try per message), so the figure is the runner's, not the bench's.
     """
     from onceq.core.effect import SqlEffect
@@ -229,7 +229,7 @@ def _flow_composed(root: Path, db: Path, sql: object) -> int:
     from onceq.core.consumer import Consumer
     from onceq.exercise import orders_0_1_0 as message
     from onceq.ledger.sqlite import Ledger
-    from onceq.sources.dirq.run import GROUP as RUN_GROUP
+    from onceq.sources.dirq.open import GROUP as RUN_GROUP
     from onceq.sources.dirq.worker import Worker
 
     try:  # the generic spec of issue 7 (onceq.exercise.orders_0_1_0's is the orders preset)

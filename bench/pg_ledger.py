@@ -16,9 +16,9 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   CLI's default, and 20): with 5 in flight and a partner that answers at once a message's
   rate is 5 / the time it takes, so every round trip to PostgreSQL shows; with 20 the
   round trips of different messages overlap and what remains is CPU.
-- dirq: `onceq.sources.dirq.run.consume` (what `onceq dirq consume` runs) over a fresh queue
-  of n messages (one in ten a re-sent id), into SQLite and into PostgreSQL, 1 worker
-  and `--workers 2` (consume_parallel), and dirq_throughput's ceiling (the same steps,
+- dirq: `onceq.exercise.dirq_batch.consume_queue` (what `onceq dirq consume` runs) over a
+  fresh queue of n messages (one in ten a re-sent id), into SQLite and into PostgreSQL, 1 worker
+  and `--workers 2` (`workers=2`), and dirq_throughput's ceiling (the same steps,
   no fsync at all, one process). Rate: messages / wall time of the call, as
   dirq_throughput. Target: PostgreSQL (1 worker) >= 0.5 of SQLite.
 
@@ -148,7 +148,7 @@ def dirq_pg(base: Path, label: str, n: int, workers: int) -> float:
         if workers == 1:
             handled = dt.consume(root, url).received
         else:
-            handled = dt.consume_parallel(root, url, None, workers).received
+            handled = dt.consume(root, url, workers=workers).received
         elapsed = time.perf_counter() - t0
         rows, distinct = pc.ledger_count(url, "messages"), len(set(dt.message_ids(n)))
     done = len(os.listdir(root / "done"))

@@ -39,15 +39,14 @@ def consume_exercise(url: str, claim: str, db: Path, prefetch: int = 20) -> Any:
     (one immediate retry, then dead; no breaker), in this process."""
     from onceq.core.retry import BreakerPolicy, RetryPolicy
     from onceq.exercise.flows import claims_flow
-    from onceq.sources.amqp.consume import ConsumeOptions, consume
+    from onceq.flows.batch import run_report
 
     flow = claims_flow(claim, url=url, prefetch=prefetch)
     flow.retry = RetryPolicy.exercise()
     flow.breaker = BreakerPolicy.off()
-    opts = ConsumeOptions(claim_url=claim, db=db, prefetch=prefetch, until_empty=True)
-    result = consume(url, opts, flow=flow)
-    assert result.drained, result.as_dict()
-    return result
+    report = run_report([flow], db, until_empty=True)
+    assert report.drained[flow.name], report.as_dict()
+    return report
 
 
 def make_dead(url: str, folder: Path, claim: str, db: Path, docs: list[dict[str, Any]]) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import onceq
 from metrics_support import Scrape, answers, healthz
+from onceq.core.hooks import Hooks
 from onceq.core.stats import COUNTS, OUTCOMES, Stats, outcome_of
 from onceq.core.transport import Delivery, Kind, Settle
 from onceq.ledger.sqlite import Entry
@@ -32,6 +33,8 @@ from onceq.ops.metrics import (
 )
 from onceq.ops.telemetry import OpsOptions, Telemetry
 from onceq.sources.amqp.depths import RabbitDepths
+from onceq.sources.amqp.plugin import RabbitSource
+from onceq.sources.dirq.plugin import DirSource
 from support import free_port
 
 
@@ -166,8 +169,8 @@ def test_a_childs_snapshot_travels_whole() -> None:
 
 def _fake_consumer(**kw: Any) -> Any:
     return SimpleNamespace(
-        stats=Stats(), in_flight=0, breaker=None, effect_timer=None, stopping=False,
-        holds=SimpleNamespace(ledger_away=False), on_settled=None, handler=None, **kw,
+        stats=Stats(), in_flight=0, breaker=None, stopping=False,
+        holds=SimpleNamespace(ledger_away=False), hooks=Hooks(), handler=None, **kw,
     )  # fmt: skip
 
 
@@ -177,8 +180,8 @@ def test_health_names_each_flows_problem(tmp_path: Path) -> None:
         assert tel.health() == (False, {"status": "starting", "flows": {}})
         for sub in ("inbox",):
             (tmp_path / "q" / sub).mkdir(parents=True)
-        dirq = SimpleNamespace(name="d", kind="dirq", source=SimpleNamespace(path=tmp_path / "q"))
-        mq = SimpleNamespace(name="m", kind="rabbitmq", source=SimpleNamespace())
+        dirq = SimpleNamespace(name="d", source=DirSource(tmp_path / "q"))
+        mq = SimpleNamespace(name="m", source=RabbitSource("q.in"))
         c1, c2 = _fake_consumer(), _fake_consumer()
         link = SimpleNamespace(connected=True)
         tel.reporter = lambda d: None  # watch without a server

@@ -27,7 +27,6 @@ from onceq.ledger.target import Target
 
 if TYPE_CHECKING:
     from onceq.core.consumer import Stats
-    from onceq.ops.telemetry import Telemetry
 
 
 @click.group()
@@ -147,33 +146,39 @@ def consume(
       onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
       onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s
     """
+    from onceq.cli.progress import live_progress
+    from onceq.core.hooks import RunHooks
     from onceq.core.logs import setup as setup_logs
-    from onceq.errors import AllFailed, Misconfigured
-    from onceq.flows.flow import open_ledger
+    from onceq.exercise.dirq_batch import queue_error
+    from onceq.flows.batch import run_report
+    from onceq.flows.run_end import signal_name
+    from onceq.sources.dirq.open import DEAD_WORD
     from onceq.sources.dirq.queue import DirQueue
-    from onceq.sources.dirq.run import Interrupted
 
     ops = pop_ops(flags)
     setup_logs(ops.log_format, ops.log_level)
     flow = _consume_flow(qdir, workers, required, max_bytes, flags)
     telemetry = telemetry_for(ops)  # the port first: in use, nothing is touched
-    # Refuse a missing queue or an unopenable ledger before any progress display starts.
-    queue = DirQueue(qdir).check()
-    with open_ledger(flow, db or queue.default_db, "dirq") as ledger:
-        if ledger.created:
-            note_new_ledger(ledger.path)
-    try:
-        stats = _run_consume(flow, db, workers, telemetry)
-    except Interrupted as exc:
-        # A clean stop: what it did is printed like a finished run's, then the one
-        # line and the exit code (130 SIGINT, 143 SIGTERM) come from main().
-        _print_summary(qdir, exc.stats, as_json, stopped_by=exc.signal_name)
-        raise
-    except (Misconfigured, AllFailed) as exc:
-        # The run ended, but not well: its summary, then the one line and 10 or 11.
-        _print_summary(qdir, exc.stats, as_json)
-        raise
-    _print_summary(qdir, stats, as_json)
+    hooks = RunHooks()
+    hooks.ledger_created.append(note_new_ledger)
+    # --workers N: N processes (the directory queue's own), which report only at their end.
+    with live_progress(str(qdir), DEAD_WORD, hooks):
+        report = run_report(
+            [flow],
+            db or DirQueue(qdir).default_db,
+            until_empty=True,
+            telemetry=telemetry,
+            hooks=hooks,
+            processes=True,
+        )
+    stats = report.stats[flow.name]
+    # A clean stop prints what it did like a finished run's, then the one line and the
+    # exit code (130 SIGINT, 143 SIGTERM; 10 or 11 for a run that ended, but not well).
+    stopped = signal_name(report.signal) if report.signal is not None else ""
+    _print_summary(qdir, stats, as_json, stopped_by=stopped)
+    error = queue_error(report, flow)
+    if error is not None:
+        raise error
 
 
 def _consume_flow(
@@ -199,16 +204,6 @@ def _consume_flow(
     )
     flow.name = flags.get("flow_name") or flow.name
     return over_preset(flow.validate(), flags)
-
-
-def _run_consume(flow: Any, db: Target | None, workers: int, telemetry: Telemetry) -> Stats:
-    from onceq.cli.progress import live_progress
-    from onceq.sources.dirq.run import DEAD_WORD, consume, consume_parallel
-
-    if workers > 1:  # the work is in child processes; they report only at their end
-        return consume_parallel(flow, db, None, workers, telemetry)
-    with live_progress(str(flow.source.path), DEAD_WORD) as on_settled:
-        return consume(flow, db, on_settled=on_settled, telemetry=telemetry)
 
 
 def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:

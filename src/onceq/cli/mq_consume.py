@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 import click
@@ -10,7 +9,7 @@ import click
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_options
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
-from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.cli.output import Seconds, emit_json, note_new_ledger, print_run_summary
 from onceq.cli.retry_options import retry_options
 from onceq.errors import UsageError
 from onceq.ledger.target import Target, describe
@@ -150,53 +149,64 @@ def consume(
           --url http://127.0.0.1:9300/api/invoices --until-empty
     """
     from onceq.cli.progress import live_progress
+    from onceq.core.hooks import RunHooks
     from onceq.core.logs import setup as setup_logs
-    from onceq.sources.amqp.consume import ConsumeOptions, default_db
-    from onceq.sources.amqp.consume import consume as run_consume
+    from onceq.core.stop import Stop
+    from onceq.flows.batch import run_report
+    from onceq.flows.run_end import run_error
+    from onceq.sources.amqp.consume import default_db
 
     ops = pop_ops(flags)
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
     telemetry = telemetry_for(ops)
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
-    opts = ConsumeOptions(
-        claim_url=claim_url or "",
-        db=db or default_db(),
-        prefetch=prefetch,
-        max_seconds=max_seconds,
-        timeout=timeout,
-        until_empty=until_empty,
-    )
+    ledger = db or default_db()
     qname = flow.source.queue
-    with live_progress(qname, "dead") as on_settled:
-        result = run_consume(
-            url,
-            opts,
-            flow=flow,
-            on_settled=on_settled,
-            on_new_ledger=note_new_ledger,
+    hooks = RunHooks()
+    hooks.ledger_created.append(note_new_ledger)
+    with live_progress(qname, "dead", hooks):
+        report = run_report(
+            [flow],
+            ledger,
+            until_empty=until_empty,
+            max_seconds=max_seconds,
             telemetry=telemetry,
+            hooks=hooks,
+            # A service: it takes both signals whatever it inherited, and a second one
+            # cuts the grace short (exit 130/143) instead of ending the process.
+            stop=Stop(second="abort", respect_ignored=False),
         )
+    result = _result(report, flow.name, ledger, until_empty)
     if as_json:
-        emit_json(result.as_dict())
+        emit_json(result)
     else:
-        _print_consume(result, opts.db, qname)
-    from onceq.core.misconfig import run_error, stopped_error
-
-    if result.stats.misconfigured:  # before "not drained": the guard is why it stopped
-        raise stopped_error(result.stats, qname)
-    if until_empty and not result.drained:
-        _unfinished_batch(result.signal, max_seconds, qname)
-    if result.aborted:
-        # Exit as an interrupted command (128 + the signal that cut the grace short:
-        # 130 SIGINT, 143 SIGTERM): the run did not finish its in-flight claims.
-        fail(f"interrupted by a second signal; in-flight messages return to {qname}")
-        raise SystemExit(128 + (result.abort_signal or signal.SIGINT))
+        _print_consume(report.stats[flow.name], result, ledger, qname)
     # A service that is stopped ends 0 whatever it saw; a drained batch whose every
     # message failed ends 11 (not the claims preset: the exercise's rule).
-    error = run_error(flow.guard_policy(), result.stats, batch=until_empty, where=qname)
+    error = run_error(
+        report,
+        [flow],
+        batch=until_empty,
+        where=lambda _f: qname,
+        unfinished=lambda name, aborted: _unfinished(name, aborted, max_seconds, qname),
+    )
     if error is not None:
         raise error
+
+
+def _result(report: Any, name: str, ledger: Target, until_empty: bool) -> dict[str, Any]:
+    """The run's JSON: the counts, what a stop left unsettled, the ledger, and for a
+    batch whether the queue was drained."""
+    out = {
+        **report.stats[name].as_dict(),
+        "unsettled": report.unsettled.get(name, 0),
+        "db": describe(ledger),  # a URL without its password
+        "aborted": report.aborted,
+    }
+    if until_empty:
+        out["drained"] = report.drained[name]
+    return out
 
 
 def _consume_flow(
@@ -237,21 +247,22 @@ def _consume_flow(
     return own_flow("rabbitmq", values, fixed)
 
 
-def _unfinished_batch(signum: int | None, max_seconds: float | None, queue: str) -> None:
-    """Exit as a batch that did not finish: 128 + the signal, or 1 for the deadline."""
-
-    if signum is not None:
-        name = signal.Signals(signum).name
-        fail(f"stopped by {name} before {queue} was drained; the rest waits in {queue}")
-        raise SystemExit(128 + signum)
+def _unfinished(
+    signal_name: str | None, aborted: bool, max_seconds: float | None, queue: str
+) -> str:
+    """The one line of a run that did not finish (128 + the signal, or 1 for the deadline)."""
+    if aborted:
+        # An interrupted command: the run did not finish its in-flight claims.
+        return f"interrupted by a second signal; in-flight messages return to {queue}"
+    if signal_name is not None:
+        return f"stopped by {signal_name} before {queue} was drained; the rest waits in {queue}"
     within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
-    fail(f"{queue} not drained{within}; the rest waits there")
-    raise SystemExit(1)
+    return f"{queue} not drained{within}; the rest waits there"
 
 
-def _print_consume(result: Any, db: Target, queue: str) -> None:
+def _print_consume(stats: Any, result: dict[str, Any], db: Target, queue: str) -> None:
     # "N unsettled", the JSON's key: deliveries a stop left unacked, back in the queue.
-    tail = f", {result.unsettled} unsettled (back to {queue})" if result.unsettled else ""
-    if result.drained:
+    tail = f", {result['unsettled']} unsettled (back to {queue})" if result["unsettled"] else ""
+    if result.get("drained"):
         tail += f"; {queue} drained"
-    print_run_summary(result.stats, tail=f"{tail}; ledger {describe(db)}")
+    print_run_summary(stats, tail=f"{tail}; ledger {describe(db)}")

@@ -1,14 +1,17 @@
 """Live progress of a long consume run: one status line on a terminal's stderr.
 
-    with live_progress("q", "quarantined") as on_settled:
-        consume(..., on_settled=on_settled)
+    hooks = RunHooks()
+    with live_progress("q", "quarantined", hooks):
+        run_report(flows, ledger, hooks=hooks)
 
 The line counts what has been settled (processed, duplicates, dead letters) and the
-rate, fed by the consumer's `on_settled` hook, and is redrawn a few times a second by
-a thread, so the rate stays true while nothing settles (a slow partner, an empty
+rate, fed by the consumers' settled groups (onceq.core.hooks: the run tells it each
+consumer that starts, it subscribes), and is redrawn a few times a second by a
+thread, so the rate stays true while nothing settles (a slow partner, an empty
 queue). It is shown only when stderr is a terminal (and the logs are not JSON): piped
 or redirected output gets nothing extra, and stdout (the summary, the JSON) is never
-touched. It is erased when the run ends, before the summary is printed.
+touched. It is drawn from the moment a consumer starts (a refused queue or ledger draws
+nothing) and erased when the run ends, before the summary is printed.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from onceq.core.hooks import Hooks, RunHooks
     from onceq.ledger.sqlite import Entry
 
 REFRESH = 0.25  # seconds between redraws
@@ -42,8 +46,14 @@ class StatusLine:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="onceq-progress", daemon=True)
 
+    def consumer(self, _flow: str, hooks: Hooks) -> None:
+        """A consumer of the run starts: count its groups; the line shows from now on."""
+        hooks.settled.append(self.settled)
+        if not self._thread.is_alive():
+            self.start()
+
     def settled(self, group: Sequence[Entry]) -> None:
-        """The consumer's on_settled: runs on the event loop, so it only counts."""
+        """A settled group: runs on the event loop, so it only counts."""
         for e in group:
             self.stats.received += 1
             self.stats.add(e)
@@ -77,6 +87,8 @@ class StatusLine:
 
     def stop(self) -> None:
         """Draw the final counts once, then erase the line for the summary."""
+        if not self._thread.is_alive():
+            return  # never shown: no consumer started
         self._done.set()
         self._thread.join()
         self.draw()
@@ -87,20 +99,20 @@ class StatusLine:
 
 @contextmanager
 def live_progress(
-    label: str, dead_word: str, stream: TextIO | None = None
-) -> Iterator[Callable[[Sequence[Entry]], None] | None]:
-    """Yield an on_settled hook that feeds a status line, or None when not on a terminal."""
+    label: str, dead_word: str, hooks: RunHooks, stream: TextIO | None = None
+) -> Iterator[None]:
+    """While inside, a status line fed by the run's consumers (`hooks`), on a terminal."""
     from onceq.core.logs import json_mode
 
     stream = stream or sys.stderr
     # With --log-format json every stderr line is an object a reader parses, even on
     # a terminal (a log viewer's pty): no status line is drawn between them.
     if not stream.isatty() or json_mode():
-        yield None
+        yield
         return
     line = StatusLine(label, dead_word, stream)
-    line.start()
+    hooks.consumer.append(line.consumer)
     try:
-        yield line.settled
+        yield
     finally:
         line.stop()

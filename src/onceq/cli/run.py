@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +170,12 @@ def run(
       onceq run flows.toml --metrics-port 9464 &
       curl -s http://127.0.0.1:9464/metrics; curl -s http://127.0.0.1:9464/healthz
     """
-    import asyncio
     import dataclasses
 
     from onceq.core.logs import setup as setup_logs
-    from onceq.flows.runner import run_flows
+    from onceq.errors import Misconfigured
+    from onceq.flows.batch import run_report
+    from onceq.flows.run_end import run_error
 
     host_flag = flags.get("metrics_host")
     ops = pop_ops(flags)
@@ -188,15 +188,18 @@ def run(
         metrics_host=host_flag or ff.metrics_host or ops.metrics_host,
     )
     telemetry = telemetry_for(ops)
-    report = asyncio.run(
-        run_flows(
-            ff.flows,
-            ff.ledger,
-            until_empty=until_empty,
-            max_seconds=max_seconds,
-            telemetry=telemetry,
-        )
+    report = run_report(
+        ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds, telemetry=telemetry
     )
+    error = run_error(
+        report,
+        ff.flows,
+        batch=until_empty,
+        where=lambda f: f"flow {f.name}",
+        unfinished=lambda name, _aborted: _unfinished(file, name, max_seconds),
+    )
+    if isinstance(error, Misconfigured):
+        raise error  # a flow's guard stopped the run: its one line, no summary (exit 10)
     if report.created:
         note_new_ledger(ff.ledger)
     if as_json:
@@ -214,16 +217,11 @@ def run(
                     tail += "; drained"
             print_run_summary(stats, head=f"{name}: ", tail=tail)
         click.echo(f"ledger {describe_target(ff.ledger)}")
-    if until_empty and not report.finished:
-        if report.signal is not None:
-            name = signal.Signals(report.signal).name
-            fail(f"{file}: stopped by {name} before every source was empty")
-            sys.exit(128 + report.signal)
-        fail(f"{file}: not every source was empty within --max-seconds {max_seconds:g}")
-        sys.exit(1)
-    if until_empty:
-        from onceq.flows.runner import all_failed_error
+    if error is not None:
+        raise error  # a batch stopped first (130/143, 1) or that only failed (11)
 
-        error = all_failed_error(report, ff.flows)
-        if error is not None:
-            raise error  # one line, exit 11
+
+def _unfinished(file: Path, signal_name: str | None, max_seconds: float | None) -> str:
+    if signal_name is not None:
+        return f"{file}: stopped by {signal_name} before every source was empty"
+    return f"{file}: not every source was empty within --max-seconds {max_seconds:g}"

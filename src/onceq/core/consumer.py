@@ -47,6 +47,7 @@ from typing import Any
 from onceq.core import faults
 from onceq.core.effect import effect_raised
 from onceq.core.holds import Holds
+from onceq.core.hooks import Hooks
 from onceq.core.inflight import Checked, InflightGuard, Leases, guard_for
 from onceq.core.misconfig import GUARD_HELD, MisconfigGuard
 from onceq.core.retry import BreakerPolicy, RetryPolicy
@@ -146,11 +147,13 @@ class Consumer:
         self.holds = Holds(transport, ledger, self.breaker_policy, calls=handler is not no_effect)
         self.breaker = self.holds.breaker
         self.leases = Leases(inflight)  # opened by `run` when there is a call
-        self.on_settled = on_settled
+        # What the loop tells its watchers (onceq.core.hooks): `on_settled` is one more
+        # subscriber of the settled groups.
+        self.hooks = Hooks()
+        if on_settled is not None:
+            self.hooks.settled.append(on_settled)
         self.guard = guard  # the misconfiguration guard (None: off)
         self.stats = Stats()
-        # Set by a watcher (onceq.ops.telemetry) to time each call: None costs one check.
-        self.effect_timer: Any = None  # onceq.ops.metrics.Durations | None
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
@@ -226,6 +229,7 @@ class Consumer:
         Safe to call more than once and from a signal handler on the loop.
         """
         self._stopped = True
+        self.hooks.emit_state("stopping")
         self.holds.stop()  # copies waiting for a probe or the ledger: a stop does not wait
         self.leases.stop()  # a copy waiting for a twin elsewhere starts no call
         # A commit waiting for a lost ledger to come back gives up (LedgerError): its
@@ -370,16 +374,18 @@ class Consumer:
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
         if self.breaker is not None and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
-        timer = self.effect_timer
-        started = time.perf_counter() if timer is not None else 0.0
+        timed = self.hooks.call_ended  # an empty list costs one check, as no watcher
+        started = time.perf_counter() if timed else 0.0
         try:
             outcome = await self.handler(d, decoded.fields)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a handler must not take the message with it
             outcome = effect_raised(d, exc)  # one line, no traceback: onceq.core.effect
-        if timer is not None:  # the call only: not the ledger read, not a wait for a turn
-            timer.observe(time.perf_counter() - started)
+        if timed:  # the call only: not the ledger read, not a wait for a turn
+            elapsed = time.perf_counter() - started
+            for fn in timed:
+                fn(elapsed)
         if self.breaker is not None:
             self.breaker.record(d.msg_id, outcome)
         return outcome
@@ -401,6 +407,7 @@ class Consumer:
 
     def _guard_stop(self, guard: MisconfigGuard) -> None:
         self.stats.misconfigured = guard.hint()
+        self.hooks.emit_state("misconfigured")
         self.transport.stop()  # claim nothing more; what is held is settled
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
@@ -455,5 +462,5 @@ class Consumer:
                     self._slots.release()  # an entry that came without a task
                 else:
                     done.set()
-            if self.on_settled is not None:
-                self.on_settled(group)
+            if self.hooks.settled:  # one check per group
+                self.hooks.emit_settled(group)

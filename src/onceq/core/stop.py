@@ -1,8 +1,10 @@
 """One stop for everything a process runs: signals, a deadline, a failed flow.
 
-Kept apart from the runner (onceq.flows.runner, which re-exports it) because every consume
-path takes one: `mq consume` makes its own, `dirq consume` and `onceq run` share one
-across their flows, a --workers child installs one under its parent's mask.
+Kept apart from the runner (onceq.flows.runner, which re-exports it) because a source's
+feed waits on it (RabbitMQ's grace: `abort`) and sources sit below flows. The one run
+path installs one per run, shared by all its flows: the caller picks its kind
+(`mq consume`: a service, `second="abort"`), a --workers child installs one under its
+parent's mask.
 """
 
 from __future__ import annotations

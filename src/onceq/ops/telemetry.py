@@ -6,13 +6,15 @@
         async with telemetry.track(flow, consumer, transport):
             await consumer.run()
 
-One `Telemetry` per process (a process may run several flows: `onceq run`); each
-consume path (`dirq.run.consume_flow`, `amqp.consume.consume_flow`, the runner's
-transport flows) registers the consumer it runs with `track`, so every flow is
-watched the same way whichever command started it. Importing it costs nothing either
-(prometheus_client and aiohttp are imported on first use: `dirq lag` stays light).
-Without a port it serves nothing and the loop pays for nothing: no timer, no reader
-(only h3's log hook, which is a level check when INFO is off, and the heartbeat).
+One `Telemetry` per process (a process may run several flows: `onceq run`); the one
+run path (onceq.flows.runner) registers each consumer it runs with `track`, so every
+flow is watched the same way whichever command started it. `track` only subscribes
+to the consumer's events (onceq.core.hooks: settled groups for the log lines, call
+durations for the histogram, state changes for the heartbeat): it never patches it.
+Importing it costs nothing either (prometheus_client and aiohttp are imported on
+first use: `dirq lag` stays light). Without a port it serves nothing and the loop
+pays for nothing: no timer, no reader (only h3's log hook, which is a level check
+when INFO is off, and the heartbeat).
 
 Where the numbers come from (onceq.ops.metrics): read at scrape time from the consumer's
 own `Stats`, filled in once per settled group by the loop, so /metrics and the run's
@@ -37,8 +39,9 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from onceq.ops.telemetry_live import Live, source_snapshot, start_heartbeat
 
 if TYPE_CHECKING:
     from onceq.ops.metrics import FlowMetrics, Snapshot
@@ -200,15 +203,17 @@ class Telemetry:
         """Watch one flow's consumer while inside (metrics, health, published state)."""
         from onceq.core.logs import log_group
 
-        consumer.on_settled = _chain(consumer.on_settled, flow.name, log_group)
-        watch = _Live(flow, consumer, transport)
+        hooks = consumer.hooks
+        hooks.settled.append(functools.partial(_log_settled, flow.name, log_group))
+        watch = Live(flow, consumer, transport)
         reporter = None
         if self.watching:
             from onceq.core.consumer import no_effect
             from onceq.ops.metrics import Durations
 
             if consumer.handler is not no_effect:
-                consumer.effect_timer = Durations()
+                watch.durations = Durations()
+                hooks.call_ended.append(watch.durations.observe)
             fm = self.expect(flow)
             fm.snapshots.append(watch.snapshot)
             if self.enabled and fm.queue is None:
@@ -222,7 +227,12 @@ class Telemetry:
         # The consumer's row in the ledger's `consumers` table (onceq.ops.heartbeat), what
         # `onceq status` shows of a running consumer; it notices a breaker change by
         # itself within a second, and its final row says "stopped".
-        heartbeat = await _start_heartbeat(consumer, transport)
+        heartbeat = await start_heartbeat(consumer, transport)
+        if heartbeat is not None:
+            # The guard's trip is published at once. A stop is not poked: every consumer
+            # of a --workers run stops at the same instant, beside its final commits, and
+            # their pokes would meet on the write lock; its 1 s check sees it anyway.
+            hooks.state.append(lambda what: heartbeat.poke() if what == "misconfigured" else None)
         try:
             yield
         finally:
@@ -258,12 +268,12 @@ class Telemetry:
 
     # --- --workers: children report, the parent serves ----------------------------------
 
-    async def _report_loop(self, watch: _Live) -> None:
+    async def _report_loop(self, watch: Live) -> None:
         while True:
             self._report(watch)
             await asyncio.sleep(REPORT_S)
 
-    def _report(self, watch: _Live) -> None:
+    def _report(self, watch: Live) -> None:
         assert self.reporter is not None
         try:
             from onceq.ops.metrics import snapshot_dict
@@ -285,8 +295,7 @@ class Telemetry:
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
             fm.snapshots.append(functools.partial(self._slot, i))
-        root = Path(flow.source.path)
-        fm.snapshots.append(lambda: _folder_snapshot(root))
+        fm.snapshots.append(lambda: source_snapshot(flow))
         if self.enabled:
             fm.queue = reader_for(flow, None)
             self._start_reader(fm.queue)
@@ -340,78 +349,11 @@ class Telemetry:
             loop.close()
 
 
-class _Live:
-    """One consumer in this process, as /metrics and /healthz see it."""
-
-    def __init__(self, flow: Any, consumer: Any, transport: Any) -> None:
-        self.kind = getattr(flow, "kind", None)
-        self.consumer = consumer
-        self.transport = transport
-        self.root = Path(flow.source.path) if self.kind == "dirq" else None
-        self.ended = False
-
-    def problem(self) -> str | None:
-        """Why this consumer is not healthy, or None."""
-        c = self.consumer
-        if self.ended:
-            from onceq.ops.metrics import DONE
-
-            return DONE
-        if c.stopping:
-            return "stopping"
-        if self.kind == "rabbitmq" and not self.transport.connected:
-            return "broker connection lost"
-        if self.root is not None and not (self.root / "inbox").is_dir():
-            return f"queue folder {self.root} is gone"
-        if c.holds.ledger_away:
-            return "ledger unavailable"
-        return None
-
-    def snapshot(self) -> Snapshot:
-        from onceq.ops.metrics import Snapshot
-
-        c = self.consumer
-        b = c.breaker
-        return Snapshot(
-            c.stats, c.in_flight, b.state if b else None, c.effect_timer, self.problem()
-        )
-
-
-async def _start_heartbeat(consumer: Any, transport: Any) -> Any:
-    """One Heartbeat for this consumer on its own ledger (None for a ledger of a kind
-    the heartbeat cannot write: a user's own object without a path or URL)."""
-    from onceq.ops.heartbeat import Heartbeat, consumer_state
-
-    ledger = getattr(consumer, "ledger", None)
-    target = getattr(ledger, "url", None) or getattr(ledger, "path", None)
-    flow = getattr(ledger, "flow", None)
-    if target is None or flow is None:
-        return None
-    heartbeat = Heartbeat(target, flow, consumer_state(consumer, transport))
-    await heartbeat.start()
-    return heartbeat
-
-
-def _folder_snapshot(root: Path) -> Snapshot:
-    from onceq.core.stats import Stats
-    from onceq.ops.metrics import Snapshot
-
-    ok = (root / "inbox").is_dir()
-    return Snapshot(Stats(), problem=None if ok else f"queue folder {root} is gone")
-
-
-def _chain(
-    first: Callable[[Sequence[Any]], None] | None, flow: str, log_group: Callable[..., None]
-) -> Callable[[Sequence[Any]], None]:
-    def settled(group: Sequence[Any]) -> None:
-        # Runs in the committer, after the settle: a log line that fails (a closed
-        # stderr, a handler's bug) must not end the run — the committer's errors do.
-        with contextlib.suppress(Exception):
-            log_group(flow, group)
-        if first is not None:
-            first(group)
-
-    return settled
+def _log_settled(flow: str, log_group: Callable[..., None], group: Sequence[Any]) -> None:
+    # Runs in the committer, after the settle: a log line that fails (a closed stderr,
+    # a handler's bug) must not end the run — the committer's errors do.
+    with contextlib.suppress(Exception):
+        log_group(flow, group)
 
 
 def _log_reader_failure(task: asyncio.Task[None]) -> None:

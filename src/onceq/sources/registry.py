@@ -17,9 +17,12 @@ does not import aio-pika.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from onceq.sources.feed import Feed
 
 if TYPE_CHECKING:
     from onceq.core.keys import Mistakes
@@ -78,6 +81,23 @@ class SourceType:
         """{click's parameter name: this kind's flow key} for its consume command's
         flags (`--workers` → `workers`): the flags feed the same builder as a flow file."""
         return {}
+
+    # -- a run (onceq.flows.runner) ------------------------------------------------------
+    def open(self, flow: Any, until_empty: bool) -> Feed:
+        """The flow's source opened for one consumer of a run: what the runner drives.
+
+        The base: a library user's own transport object, run as it is.
+        """
+        return Feed(flow.source)
+
+    def processes(self, source: Any) -> int:
+        """Consumer processes a run of this one flow forks (`dirq consume --workers N`)."""
+        return 1
+
+    def fan_out(self, n: int, child: Callable[..., Any], watch: Any, ctx: Any) -> Any:
+        """Run `child(i, report)` in n processes: (the summed Stats, the first stop signal
+        or None); `watch` is the parent's telemetry (onceq.sources.dirq.run.fan_out)."""
+        raise NotImplementedError(f"a {self.kind} source runs in one process")
 
 
 # kind -> "module:attribute" of its SourceType instance, imported on first use.

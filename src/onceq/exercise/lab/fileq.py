@@ -62,10 +62,10 @@ exec {onceq} dirq replay -- "$Q" "$1"
 
 def consume_and_report(qdir: Path) -> dict[str, Any]:
     """Consume qdir into qdir/ledger.db, then rewrite dup.txt and error.csv."""
+    from onceq.exercise.dirq_batch import consume_queue as consume
     from onceq.ledger.target import open_ledger
     from onceq.sources.dirq.queue import DirQueue
     from onceq.sources.dirq.report import write_report
-    from onceq.sources.dirq.run import consume
 
     queue = DirQueue(qdir).check()
     new_ledger = not queue.default_db.exists()

@@ -18,6 +18,7 @@ from typing import Any
 from onceq.core.keys import Mistakes, check, get
 from onceq.errors import OnceqError
 from onceq.sources.amqp.depths import RabbitDepths
+from onceq.sources.amqp.open import RabbitFeed
 from onceq.sources.amqp.status import flow_depths
 from onceq.sources.amqp.topology import Topology
 from onceq.sources.amqp.url import check_url
@@ -108,6 +109,9 @@ class RabbitType(SourceType):
 
     def problem(self, flow: Any, transport: Any) -> str | None:
         return None if transport.connected else "broker connection lost"
+
+    def open(self, flow: Any, until_empty: bool) -> RabbitFeed:
+        return RabbitFeed(flow, until_empty)
 
     def flag_keys(self) -> dict[str, str]:
         return {"queue": "queue", "prefetch": "prefetch"}  # mq consume --queue Q --prefetch N

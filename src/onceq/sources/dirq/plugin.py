@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from onceq.core.keys import Mistakes, get
+from onceq.sources.dirq import run
+from onceq.sources.dirq.open import DirFeed
 from onceq.sources.dirq.scan import DirScan, dirq_depths
 from onceq.sources.registry import SourceType
 
@@ -74,6 +76,15 @@ class DirqType(SourceType):
 
     def flag_keys(self) -> dict[str, str]:
         return {"qdir": "path", "workers": "workers"}  # dirq consume QDIR --workers N
+
+    def open(self, flow: Any, until_empty: bool) -> DirFeed:
+        return DirFeed(flow, until_empty)
+
+    def processes(self, source: DirSource) -> int:
+        return source.workers  # `dirq consume --workers N`: N processes, each one consumer
+
+    def fan_out(self, n: int, child: Any, watch: Any, ctx: Any) -> Any:
+        return run.fan_out(n, child, watch, ctx)
 
 
 DIRQ = DirqType()

@@ -44,7 +44,6 @@ from onceq.core import faults
 from onceq.core.transport import Delivery, Settle
 from onceq.errors import QueueError
 from onceq.exercise.orders_0_1_0 import DEFAULT_MAX_BYTES
-from onceq.flows.runner import POLL_SECONDS
 from onceq.sources.dirq import retry_area
 from onceq.sources.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.sources.dirq.queue import FOLDERS, DirQueue
@@ -55,6 +54,7 @@ LOCK = ".lock"
 # within microseconds; a nursery this old was left by a kill.
 NURSERY = ".new"
 UNBORN_GRACE_S = 60.0
+POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
 
 
 class Worker:
