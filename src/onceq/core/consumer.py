@@ -40,51 +40,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from onceq.core import faults
 from onceq.core.effect import effect_raised
+from onceq.core.entry import Entry
 from onceq.core.holds import Holds
 from onceq.core.inflight import Checked, InflightGuard, Leases, guard_for
+from onceq.core.ledger_api import LedgerApi
 from onceq.core.misconfig import GUARD_HELD, MisconfigGuard
+from onceq.core.outcome import Decoder, Handler, Outcome, no_effect
 from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.core.stats import COUNTS, Stats
 from onceq.core.transport import Delivery, Kind, Transport
 from onceq.core.values import is_utf8
 from onceq.errors import LedgerUnavailable, redact_text
-from onceq.ledger.sqlite import Entry, Ledger
 
 __all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_effect"]
 
 log = logging.getLogger("onceq.consumer")  # the name in every log line: kept across moves
-
-
-@dataclass
-class Outcome:
-    """What decoding or handling one message came to."""
-
-    kind: Kind
-    reason: str = ""
-    detail: str = ""
-    fields: dict[str, Any] = field(default_factory=dict)
-    # Seconds the partner asked us to wait (Retry-After on a 429/503, `Retry(after=…)`):
-    # the retry policy picks a delay at least that long.
-    retry_after: float | None = None
-
-
-# A decoder reads a delivery, sets `delivery.msg_id`, and returns the fields to record
-# (Outcome SUCCESS) or the reason it can never be processed (Outcome REJECTED).
-Decoder = Callable[[Delivery], Outcome]
-# A handler performs the business effect of a decoded message (an HTTP call), or does
-# nothing when the ledger row is the effect (the directory queue).
-Handler = Callable[[Delivery, dict[str, Any]], Awaitable[Outcome]]
-
-
-async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
-    """Handler for queues whose effect is the ledger row itself."""
-    return Outcome(Kind.SUCCESS, fields=fields)
 
 
 _STOP = object()
@@ -98,7 +73,8 @@ class Consumer:
     `on_settled` is called with each settled group (progress display). `retry`: what a
     transient failure leads to; `breaker`: the circuit breaker's policy, built into
     `self.breaker` (None when off or without a call). `inflight` makes the ledger's
-    cross-process guard (`onceq.core.inflight.guard_for`; None from it: no guard); `run`
+    cross-process guard (default `onceq.core.inflight.guard_for`: the ledger's own;
+    None from it: no guard); `run`
     opens it when there is a call, and closes it when it ends.
 
     Two ways to end, deliberately different:
@@ -114,7 +90,7 @@ class Consumer:
     def __init__(
         self,
         transport: Transport,
-        ledger: Ledger,
+        ledger: LedgerApi,
         decode: Decoder,
         handler: Handler = no_effect,
         *,
@@ -124,7 +100,7 @@ class Consumer:
         on_settled: Callable[[Sequence[Entry]], None] | None = None,
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
-        inflight: Callable[[Any], InflightGuard | None] = guard_for,
+        inflight: Callable[[LedgerApi], InflightGuard | None] = guard_for,
         guard: MisconfigGuard | None = None,
     ) -> None:
         self.transport = transport
@@ -230,9 +206,7 @@ class Consumer:
         self.leases.stop()  # a copy waiting for a twin elsewhere starts no call
         # A commit waiting for a lost ledger to come back gives up (LedgerError): its
         # copies stay unsettled and come back; the ledger decides then.
-        interrupt = getattr(self.ledger, "interrupt", None)
-        if callable(interrupt):
-            interrupt()
+        self.ledger.interrupt()
         self.transport.stop()
 
     def _stop_on_error(self, task: asyncio.Task[None]) -> None:
@@ -350,11 +324,10 @@ class Consumer:
         if self.guard is not None and self.guard.stopped:
             return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
-        # off the loop; a ledger without it (a user's) answers on the loop.
-        read = getattr(self.ledger, "aprocessed_ref", None)
+        # off the loop; SQLite answers on the loop (an in-process read).
         while checked is None:
             try:
-                ref = await read(d.msg_id) if read else self.ledger.processed_ref(d.msg_id)
+                ref = await self.ledger.aprocessed_ref(d.msg_id)
                 checked = Checked(ref)
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the

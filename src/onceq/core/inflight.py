@@ -7,6 +7,9 @@ partner; the guard makes the second wait until the first is recorded, then the
 ledger calls it a duplicate. The guard lives beside the ledger, because that is what
 every consumer of a flow shares:
 
+Each ledger makes its own (`inflight_guard()`; `guard_for` asks it), so the loop
+never chooses a database's guard:
+
 - PostgreSQL (`onceq.ledger.pg.guard.PgGuard`): a session-level advisory lock per (flow,
   msg_id) on a connection of its own. The holder's death closes its session and the
   server drops its locks, so a kill -9 never leaves a lease that blocks a message for
@@ -79,13 +82,19 @@ class InflightGuard(Protocol):
         """Release everything and close what the guard holds (a connection)."""
 
 
-def guard_for(ledger: Any) -> InflightGuard | None:
-    """The guard that fits `ledger`: PgGuard for PostgreSQL, FileGuard for an SQLite file."""
-    if getattr(ledger, "kind", "sqlite") == "postgresql":
-        from onceq.ledger.pg.guard import PgGuard
+class _HasGuard(Protocol):
+    def inflight_guard(self) -> InflightGuard | None: ...
 
-        return PgGuard(ledger.url, ledger.flow, lookup=True)
-    return FileGuard(Path(f"{ledger.path}{SUFFIX}"), ledger.flow)
+
+def guard_for(ledger: _HasGuard) -> InflightGuard | None:
+    """The guard that fits `ledger`, made by the ledger itself (PgGuard for PostgreSQL,
+    FileGuard beside an SQLite file): core never chooses a database's guard."""
+    return ledger.inflight_guard()
+
+
+def file_guard(ledger_path: str | Path, flow: str) -> FileGuard:
+    """The FileGuard of the SQLite ledger at `ledger_path`: `<ledger>-inflight`."""
+    return FileGuard(Path(f"{ledger_path}{SUFFIX}"), flow)
 
 
 def lock_offset(flow: str, msg_id: str) -> int:

@@ -20,14 +20,15 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_str
 from pathlib import Path
 from typing import Any
 
 from onceq.core.effect import SqlEffect
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq.core.entry import Entry
+from onceq.core.inflight import FileGuard, file_guard
+from onceq.core.transport import Kind
 from onceq.core.values import INT64_MAX, INT64_MIN, is_data_error, is_utf8, text, unstorable
 from onceq.errors import LedgerError, UsageError
 from onceq.ledger import sql_step as ledger_sql
@@ -81,43 +82,6 @@ def check_flow_name(name: str) -> str:
             " 1 to 64, starting with a letter or digit)"
         )
     return name
-
-
-@dataclass(eq=False)
-class Entry:
-    """One delivery's outcome on its way into the ledger.
-
-    The loop fills kind/settle/reason; `commit` may turn a SUCCESS into a
-    DUPLICATE (another process won the primary key), REJECTED (the database refused
-    its row) or a failure of its SQL effect, and says so in `kind`, `settle` and
-    `reason`. `max_attempts` is the loop's, for an SQL effect's failure to be decided
-    like any other. `row` is its `messages` row, built once by `commit`.
-    """
-
-    delivery: Delivery
-    kind: Kind
-    settle: Settle
-    reason: str = ""
-    detail: str = ""
-    attempt: int = 1
-    fields: dict[str, Any] = field(default_factory=dict)
-    recovered: bool = False  # the row already names this very copy: a crash after commit
-    max_attempts: int = 1
-    row: tuple[Any, ...] = field(default=(), repr=False)
-    # The loop's retry policy, for an SQL effect's failure to be decided like any other
-    # (None: `max_attempts` tries, no delays).
-    policy: Any = field(default=None, repr=False)
-
-    def _state(self) -> tuple[Any, ...]:
-        return (self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt)
-
-    def _restore(self, state: tuple[Any, ...]) -> None:
-        self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt = state
-
-    def _refuse(self, detail: str) -> None:
-        """The ledger cannot record this success: it becomes a dead letter, with why."""
-        self.kind, self.settle, self.recovered = Kind.REJECTED, Settle.DEAD, False
-        self.reason, self.detail = "ledger-refused", detail
 
 
 def build_row(e: Entry, flow: str, source: str, now: str) -> str:
@@ -212,6 +176,19 @@ class Ledger(LedgerOps):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- the consume loop's side (onceq.core.ledger_api.LedgerApi) --------------------
+
+    def ping(self) -> bool:
+        """An SQLite file is never away (it has no connection to lose)."""
+        return True
+
+    def interrupt(self) -> None:
+        """Nothing to interrupt: a commit never waits for a lost database."""
+
+    def inflight_guard(self) -> FileGuard:
+        """A byte-range lock per msg_id on `<ledger>-inflight` (onceq.core.inflight)."""
+        return file_guard(self.path, self.flow)
 
     # --- reads (this flow's) ----------------------------------------------------------
 

@@ -31,6 +31,7 @@ from onceq.errors import LedgerError, LedgerUnavailable
 from onceq.ledger.ops import LedgerOps
 from onceq.ledger.pg import schema
 from onceq.ledger.pg import sql_step as pg_effect
+from onceq.ledger.pg.guard import PgGuard
 from onceq.ledger.pg.precheck import Precheck
 from onceq.ledger.pg.reconnect import Reconnector, is_connection_error
 from onceq.ledger.pg.rows import pg_build_row, record_successes
@@ -122,6 +123,11 @@ class PgLedger(LedgerOps):
     def interrupt(self) -> None:
         """Make a commit waiting for the database give up (Consumer.stop)."""
         self._net.interrupt()
+
+    def inflight_guard(self) -> PgGuard:
+        """Advisory locks on a session of their own, the duplicate check in the claim's
+        round trip (`lookup`: onceq.ledger.pg.guard)."""
+        return PgGuard(self.url, self.flow, lookup=True)
 
     def _reader(self) -> psycopg.Connection[Any]:
         with self._read_lock:
