@@ -41,9 +41,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from onceq.core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
+from onceq.core.redact import redact_url
 from onceq.core.values import text
 from onceq.errors import LedgerError, redact_text
-from onceq.ledger.target import describe
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
 
@@ -131,7 +131,7 @@ class PgGuard:
     def __init__(self, url: str, flow: str, *, lookup: bool = False) -> None:
         self.flow = flow
         self.lookup = lookup  # also do the duplicate check (the ledger's schema exists)
-        self.path = describe(url)  # what messages name: the password masked
+        self.path = redact_url(url)  # what messages name: the password masked
         self._conninfo = guard_conninfo(url)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._claims: list[tuple[str, asyncio.Future[Answer]]] = []  # for the next batch

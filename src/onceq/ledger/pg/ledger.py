@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from onceq.core.effect import SqlEffect
+from onceq.core.redact import redact_url
 from onceq.core.transport import Kind
 from onceq.core.values import is_data_error
 from onceq.errors import LedgerError, LedgerUnavailable
@@ -38,7 +39,6 @@ from onceq.ledger.pg.rows import pg_build_row, record_successes
 from onceq.ledger.pg.sql import PgTx, translate
 from onceq.ledger.rows import failure_recorded, record_duplicate, record_failure
 from onceq.ledger.sqlite import DEFAULT_FLOW, Entry, check_flow_name, utcnow
-from onceq.ledger.target import describe
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class PgLedger(LedgerOps):
         create: bool = True,
     ) -> None:
         self.url = url
-        self.path: str = describe(url)
+        self.path: str = redact_url(url)  # what messages name: the password masked
         self.source = source
         self.flow = check_flow_name(flow)
         self.sql = sql
