@@ -47,15 +47,14 @@ from onceq.core import faults
 from onceq.core.effect import effect_raised
 from onceq.core.entry import Entry
 from onceq.core.holds import Holds
-from onceq.core.inflight import Checked, InflightGuard, Leases, guard_for
+from onceq.core.inflight import Checked, InflightGuard, Leases, Turns, guard_for
 from onceq.core.ledger_api import LedgerApi
 from onceq.core.misconfig import GUARD_HELD, MisconfigGuard
-from onceq.core.outcome import Decoder, Handler, Outcome, no_effect
+from onceq.core.outcome import Decoder, Handler, Outcome, decode_safely, no_effect
 from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.core.stats import COUNTS, Stats
 from onceq.core.transport import Delivery, Kind, Transport
-from onceq.core.values import is_utf8
-from onceq.errors import LedgerUnavailable, redact_text
+from onceq.errors import LedgerUnavailable
 
 __all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_effect"]
 
@@ -130,7 +129,7 @@ class Consumer:
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
-        self._in_flight: dict[str, asyncio.Event] = {}
+        self._turns = Turns()  # one copy of a msg_id in flight in this process
         self._failure: BaseException | None = None
         # Set by stop() only. The end of deliveries() is NOT a stop: a directory queue's
         # iteration ends as soon as its inbox is empty, before the handler tasks of the
@@ -158,7 +157,9 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    decided = self._judged(delivery, self._decode(delivery), called=False)
+                    decided = self._judged(
+                        delivery, decode_safely(self.decode, delivery), called=False
+                    )
                     entry = self._entry(delivery, decided)
                     self._pending.put_nowait((entry, None))
                     continue
@@ -242,10 +243,10 @@ class Consumer:
         turn: asyncio.Event | None = None
         leased = False
         try:
-            decoded = self._decode(d)
+            decoded = decode_safely(self.decode, d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
-                turn = await self._take_turn(d.msg_id)
+                turn = await self._turns.take(d.msg_id)
                 leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
@@ -270,50 +271,8 @@ class Consumer:
                 await self.leases.release(d.msg_id)
             if turn is not None:
                 assert d.msg_id is not None  # so is a turn
-                del self._in_flight[d.msg_id]
-                turn.set()
+                self._turns.give_back(d.msg_id, turn)
             self._slots.release()
-
-    def _decode(self, d: Delivery) -> Outcome:
-        """The decoder's verdict on one delivery; never an exception.
-
-        Whatever a decoder raises on one message's bytes (a ValueError it did not
-        expect, a RecursionError, a bug) is that message's verdict, dead-lettered
-        with reason internal-error, as a handler's failure is: raised here it would
-        stop the run, and the message would stop every run after it (a poison loop).
-        An id the ledger could not store (a lone surrogate) is refused here too, since
-        every later step looks it up.
-        """
-        if d.refused is not None:  # the transport could not read it faithfully
-            return Outcome(Kind.REJECTED, *d.refused)
-        try:
-            outcome = self.decode(d)
-        except Exception as exc:
-            # A bug report, not a traceback per message: one line (type and masked
-            # message), the traceback at DEBUG only, as for an effect's exception.
-            log.error(
-                "the decoder raised %s on %s; dead-lettered as internal-error"
-                " (the traceback at --log-level debug)",
-                redact_text(f"{type(exc).__name__}: {exc}")[:200], d.ref,
-                extra={"event": "decoder-failed", "reason": "internal-error"},
-            )  # fmt: skip
-            log.debug("the decoder's traceback on %s", d.ref, exc_info=exc,
-                      extra={"event": "decoder-failed"})  # fmt: skip
-            d.msg_id = None  # whatever it set before failing is not a checked id
-            return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
-        if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
-            d.msg_id = None
-            return Outcome(Kind.REJECTED, "encoding", "msg_id holds a lone surrogate")
-        return outcome
-
-    async def _take_turn(self, msg_id: str) -> asyncio.Event:
-        """One copy of a msg_id in flight in this process; later copies wait for it to
-        settle (and to give its lease back)."""
-        while (ev := self._in_flight.get(msg_id)) is not None:
-            await ev.wait()
-        guard = asyncio.Event()
-        self._in_flight[msg_id] = guard
-        return guard
 
     async def _effect(
         self, d: Delivery, decoded: Outcome, checked: Checked | None

@@ -1,6 +1,6 @@
 """The cross-process in-flight guard: one copy of a msg_id in flight across processes.
 
-`Consumer` already lets one copy of a msg_id in flight per process (`_take_turn`).
+`Consumer` already lets one copy of a msg_id in flight per process (`Turns`, below).
 Twins of one message in two consumer processes (two hosts on one broker, a re-sent
 copy, a redelivery after another consumer's connection dropped) could both call the
 partner; the guard makes the second wait until the first is recorded, then the
@@ -212,6 +212,27 @@ class FileGuard:
         if f.users == 0 and _files.get(self._key) is f:
             del _files[self._key]
             os.close(f.fd)
+
+
+class Turns:
+    """One copy of a msg_id in flight in this process: a later copy waits for the
+    first to be settled (and to give its lease back) before it claims the lease."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[str, asyncio.Event] = {}
+
+    async def take(self, msg_id: str) -> asyncio.Event:
+        while (ev := self._held.get(msg_id)) is not None:
+            await ev.wait()
+        turn = asyncio.Event()
+        self._held[msg_id] = turn
+        return turn
+
+    def give_back(self, msg_id: str, turn: asyncio.Event) -> None:
+        del self._held[msg_id]
+        turn.set()
 
 
 class Leases:

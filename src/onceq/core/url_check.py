@@ -49,7 +49,7 @@ def _check_with_yarl(url: str, label: str) -> None:
     boundary as a traceback. Its words are not shown as they are: one of them quotes
     the netloc, password and all.
     """
-    import yarl
+    import yarl  # why: aiohttp's parser; loaded only when a URL is checked (start-up)
 
     try:
         yarl.URL(url)

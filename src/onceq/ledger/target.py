@@ -136,9 +136,9 @@ def open_ledger(
     """
     target = as_target(target, "ledger")  # a library caller's str too: checked, remembered
     if is_pg_url(target):
-        from onceq.ledger.pg.ledger import PgLedger
+        from onceq.ledger.pg.ledger import PgLedger  # why: psycopg costs start-up (SQLite runs)
 
         return PgLedger(str(target), source, flow=flow, sql=sql, create=create)
-    from onceq.ledger.sqlite import Ledger
+    from onceq.ledger.sqlite import Ledger  # why: --db parsing (cli) must not load a ledger
 
     return Ledger(target, source, flow=flow, sql=sql, create=create)
