@@ -12,8 +12,8 @@ Why advisory locks and not a lease row:
 - it writes nothing: no WAL, no bloat, no vacuum, no row to clean up after a crash.
 
 Round trips are the cost, so claims made in one event-loop tick go out as ONE query
-(`unnest` of an array of ids), and so do releases. With `lookup` (what `guard_for`
-builds for a ledger) the same round trip also does the loop's duplicate check: a
+(`unnest` of an array of ids), and so do releases. With `lookup` (what
+`PgLedger.inflight_guard` builds) the same round trip also does the loop's duplicate check: a
 second statement, pipelined after the claim, reads the ledger's refs of the batch's
 ids, and a claim answers `Checked(ref)` (see `LOOKUP_SQL` for why that read cannot
 miss a twin's commit). A claim that finds the lock held
