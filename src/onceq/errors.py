@@ -31,13 +31,10 @@ the CLI's last line of defence).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 # Masking lives in onceq.core.redact; re-exported here, where every message is made.
 from onceq.core.redact import redact_text, redact_url
-
-if TYPE_CHECKING:
-    from onceq.sources.amqp.publisher import PublishReport
 
 __all__ = [
     "EXIT_CODES",
@@ -80,10 +77,17 @@ class BadMessage(OnceqError):
     exit_code = 5
 
 
+class Report(Protocol):
+    """What a refusing command attaches for its --json output (`PublishReport`)."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 class Unroutable(OnceqError):
     exit_code = 6
     # Set by `mq publish` (onceq.sources.amqp.publisher) when it refuses: its --json counts.
-    report: PublishReport
+    # Typed by what the CLI reads of it, so the tree imports nothing above it.
+    report: Report
 
 
 class BrokerUnavailable(OnceqError):

@@ -9,6 +9,7 @@ tests/unit/test_pg_*.py.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceq.core.effect import Reject, Retry, SqlEffect
+from onceq.core.inflight import InflightGuard
 from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError, NotFound, UsageError
 from onceq.exercise.processed_table import PROCESSED_TABLE
@@ -762,3 +764,19 @@ def test_a_kill_9_mid_commit_leaves_business_and_dedup_rows_together(ledger_targ
     assert len(dedup) >= 500
     assert dedup == business
     assert len(dedup) % 50 == 0  # whole groups only
+
+
+def test_what_the_consume_loop_asks_of_every_ledger(ledger_target: str) -> None:
+    """`onceq.core.ledger_api.LedgerApi`: every kind answers each call (no probes)."""
+    with open_ledger(ledger_target) as ledger:
+        ledger.commit([success("m1", "a.json")])
+        assert ledger.ping() is True  # a healthy ledger answers
+        ledger.interrupt()  # nothing is waiting: a no-op, and the ledger still works
+        assert ledger.processed_ref("m1") == "a.json"
+        assert asyncio.run(ledger.aprocessed_ref("m1")) == "a.json"
+        assert asyncio.run(ledger.aprocessed_ref("m2")) is None
+        guard = ledger.inflight_guard()
+        assert isinstance(guard, InflightGuard)
+        asyncio.run(guard.aclose())
+        size = ledger.storage_size()
+        assert size and all(isinstance(v, int) and v >= 0 for v in size.values())

@@ -246,7 +246,7 @@ def test_one_unstorable_row_is_refused_alone_and_the_group_commits(
 ) -> None:
     """Both paths: the check before the commit, and (check disabled) the entry-by-entry retry."""
     if check == "unchecked":
-        monkeypatch.setattr("onceq.ledger.sqlite.unstorable", lambda value: None)
+        monkeypatch.setattr("onceq.ledger.rows.unstorable", lambda value: None)
     group = [entry("m-1", "a.json"), entry("m-2", "b.json", **bad), entry("m-3", "c.json")]
     with Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE) as ledger:
         ledger.commit(group)

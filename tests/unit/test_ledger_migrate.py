@@ -170,7 +170,7 @@ def test_two_processes_opening_one_010_ledger_migrate_it_once(tmp_path: Path) ->
     start = time.time() + 1.0
     script = textwrap.dedent(
         f"""
-        import time, onceq.ledger.migrate as m
+        import time, onceq.ledger.db as m  # the opener's name for the migration
         from onceq.ledger.sqlite import Ledger
         real = m.migrate
         def spy(conn, p):

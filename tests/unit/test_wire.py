@@ -11,7 +11,7 @@ from pamqp import frame, header
 from pamqp.exceptions import UnmarshalingException
 
 from mq_malformed_support import long_str, nested_tables, raw_fields, timestamp
-from onceq.core.consumer import Consumer
+from onceq.core.outcome import decode_safely
 from onceq.core.transport import Delivery, Kind
 from onceq.sources.amqp import wire
 
@@ -98,10 +98,8 @@ def test_the_loop_dead_letters_a_refused_delivery_without_decoding_it() -> None:
         called.append(d)
         raise AssertionError("never decoded")
 
-    consumer = Consumer.__new__(Consumer)
-    consumer.decode = decode  # type: ignore[method-assign]
     d = Delivery(body=b"{}", ref="q/1", refused=("encoding", "property type: not UTF-8 text"))
-    outcome = consumer._decode(d)
+    outcome = decode_safely(decode, d)  # the loop's decoder boundary
     assert (outcome.kind, outcome.reason, outcome.detail) == (
         Kind.REJECTED,
         "encoding",

@@ -40,52 +40,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from onceq.core import faults
 from onceq.core.effect import effect_raised
+from onceq.core.entry import Entry
 from onceq.core.holds import Holds
 from onceq.core.hooks import Hooks
-from onceq.core.inflight import Checked, InflightGuard, Leases, guard_for
+from onceq.core.inflight import Checked, InflightGuard, Leases, Turns, guard_for
+from onceq.core.ledger_api import LedgerApi
 from onceq.core.misconfig import GUARD_HELD, MisconfigGuard
+from onceq.core.outcome import Decoder, Handler, Outcome, decode_safely, no_effect
 from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.core.stats import COUNTS, Stats
 from onceq.core.transport import Delivery, Kind, Transport
-from onceq.core.values import is_utf8
-from onceq.errors import LedgerUnavailable, redact_text
-from onceq.ledger.sqlite import Entry, Ledger
+from onceq.errors import LedgerUnavailable
 
 __all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_effect"]
 
 log = logging.getLogger("onceq.consumer")  # the name in every log line: kept across moves
-
-
-@dataclass
-class Outcome:
-    """What decoding or handling one message came to."""
-
-    kind: Kind
-    reason: str = ""
-    detail: str = ""
-    fields: dict[str, Any] = field(default_factory=dict)
-    # Seconds the partner asked us to wait (Retry-After on a 429/503, `Retry(after=…)`):
-    # the retry policy picks a delay at least that long.
-    retry_after: float | None = None
-
-
-# A decoder reads a delivery, sets `delivery.msg_id`, and returns the fields to record
-# (Outcome SUCCESS) or the reason it can never be processed (Outcome REJECTED).
-Decoder = Callable[[Delivery], Outcome]
-# A handler performs the business effect of a decoded message (an HTTP call), or does
-# nothing when the ledger row is the effect (the directory queue).
-Handler = Callable[[Delivery, dict[str, Any]], Awaitable[Outcome]]
-
-
-async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
-    """Handler for queues whose effect is the ledger row itself."""
-    return Outcome(Kind.SUCCESS, fields=fields)
 
 
 _STOP = object()
@@ -99,7 +73,8 @@ class Consumer:
     `on_settled` is called with each settled group (progress display). `retry`: what a
     transient failure leads to; `breaker`: the circuit breaker's policy, built into
     `self.breaker` (None when off or without a call). `inflight` makes the ledger's
-    cross-process guard (`onceq.core.inflight.guard_for`; None from it: no guard); `run`
+    cross-process guard (default `onceq.core.inflight.guard_for`: the ledger's own;
+    None from it: no guard); `run`
     opens it when there is a call, and closes it when it ends.
 
     Two ways to end, deliberately different:
@@ -115,7 +90,7 @@ class Consumer:
     def __init__(
         self,
         transport: Transport,
-        ledger: Ledger,
+        ledger: LedgerApi,
         decode: Decoder,
         handler: Handler = no_effect,
         *,
@@ -125,7 +100,7 @@ class Consumer:
         on_settled: Callable[[Sequence[Entry]], None] | None = None,
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
-        inflight: Callable[[Any], InflightGuard | None] = guard_for,
+        inflight: Callable[[LedgerApi], InflightGuard | None] = guard_for,
         guard: MisconfigGuard | None = None,
     ) -> None:
         self.transport = transport
@@ -157,7 +132,7 @@ class Consumer:
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
-        self._in_flight: dict[str, asyncio.Event] = {}
+        self._turns = Turns()  # one copy of a msg_id in flight in this process
         self._failure: BaseException | None = None
         # Set by stop() only. The end of deliveries() is NOT a stop: a directory queue's
         # iteration ends as soon as its inbox is empty, before the handler tasks of the
@@ -185,7 +160,9 @@ class Consumer:
                     # goes straight to the committer (no task, no events). The primary
                     # key in the commit still tells a second copy from the first, also
                     # two copies inside one group; the slot is freed after the settle.
-                    decided = self._judged(delivery, self._decode(delivery), called=False)
+                    decided = self._judged(
+                        delivery, decode_safely(self.decode, delivery), called=False
+                    )
                     entry = self._entry(delivery, decided)
                     self._pending.put_nowait((entry, None))
                     continue
@@ -234,9 +211,7 @@ class Consumer:
         self.leases.stop()  # a copy waiting for a twin elsewhere starts no call
         # A commit waiting for a lost ledger to come back gives up (LedgerError): its
         # copies stay unsettled and come back; the ledger decides then.
-        interrupt = getattr(self.ledger, "interrupt", None)
-        if callable(interrupt):
-            interrupt()
+        self.ledger.interrupt()
         self.transport.stop()
 
     def _stop_on_error(self, task: asyncio.Task[None]) -> None:
@@ -272,10 +247,10 @@ class Consumer:
         turn: asyncio.Event | None = None
         leased = False
         try:
-            decoded = self._decode(d)
+            decoded = decode_safely(self.decode, d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
-                turn = await self._take_turn(d.msg_id)
+                turn = await self._turns.take(d.msg_id)
                 leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
@@ -300,50 +275,8 @@ class Consumer:
                 await self.leases.release(d.msg_id)
             if turn is not None:
                 assert d.msg_id is not None  # so is a turn
-                del self._in_flight[d.msg_id]
-                turn.set()
+                self._turns.give_back(d.msg_id, turn)
             self._slots.release()
-
-    def _decode(self, d: Delivery) -> Outcome:
-        """The decoder's verdict on one delivery; never an exception.
-
-        Whatever a decoder raises on one message's bytes (a ValueError it did not
-        expect, a RecursionError, a bug) is that message's verdict, dead-lettered
-        with reason internal-error, as a handler's failure is: raised here it would
-        stop the run, and the message would stop every run after it (a poison loop).
-        An id the ledger could not store (a lone surrogate) is refused here too, since
-        every later step looks it up.
-        """
-        if d.refused is not None:  # the transport could not read it faithfully
-            return Outcome(Kind.REJECTED, *d.refused)
-        try:
-            outcome = self.decode(d)
-        except Exception as exc:
-            # A bug report, not a traceback per message: one line (type and masked
-            # message), the traceback at DEBUG only, as for an effect's exception.
-            log.error(
-                "the decoder raised %s on %s; dead-lettered as internal-error"
-                " (the traceback at --log-level debug)",
-                redact_text(f"{type(exc).__name__}: {exc}")[:200], d.ref,
-                extra={"event": "decoder-failed", "reason": "internal-error"},
-            )  # fmt: skip
-            log.debug("the decoder's traceback on %s", d.ref, exc_info=exc,
-                      extra={"event": "decoder-failed"})  # fmt: skip
-            d.msg_id = None  # whatever it set before failing is not a checked id
-            return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
-        if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
-            d.msg_id = None
-            return Outcome(Kind.REJECTED, "encoding", "msg_id holds a lone surrogate")
-        return outcome
-
-    async def _take_turn(self, msg_id: str) -> asyncio.Event:
-        """One copy of a msg_id in flight in this process; later copies wait for it to
-        settle (and to give its lease back)."""
-        while (ev := self._in_flight.get(msg_id)) is not None:
-            await ev.wait()
-        guard = asyncio.Event()
-        self._in_flight[msg_id] = guard
-        return guard
 
     async def _effect(
         self, d: Delivery, decoded: Outcome, checked: Checked | None
@@ -354,11 +287,10 @@ class Consumer:
         if self.guard is not None and self.guard.stopped:
             return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
         # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
-        # off the loop; a ledger without it (a user's) answers on the loop.
-        read = getattr(self.ledger, "aprocessed_ref", None)
+        # off the loop; SQLite answers on the loop (an in-process read).
         while checked is None:
             try:
-                ref = await read(d.msg_id) if read else self.ledger.processed_ref(d.msg_id)
+                ref = await self.ledger.aprocessed_ref(d.msg_id)
                 checked = Checked(ref)
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the

@@ -21,7 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from onceq.errors import UsageError
+from onceq.core.logs import FLOW
+from onceq.core.outcome import Outcome
+from onceq.core.retry import RETRY_AFTER_CAP, parse_duration
+from onceq.core.transport import Kind
+from onceq.errors import UsageError, redact_text
 
 DETAIL_MAX = 200  # failure rows stay short
 log = logging.getLogger("onceq.effect")  # the name in every log line: kept across moves
@@ -45,9 +49,6 @@ class Retry(Exception):
         super().__init__(*args)
         self.after: float | None = None
         if after is not None:
-            from onceq.core.retry import parse_duration
-            from onceq.effects.http import RETRY_AFTER_CAP
-
             # A bad value is the caller's bug, raised where it is made (a ValueError in
             # a handler is then that message's internal-error, never the run's).
             try:
@@ -98,10 +99,7 @@ class PythonEffect:
         name = getattr(self.function, "__qualname__", None) or repr(self.function)
         return f"PythonEffect({getattr(self.function, '__module__', '?')}:{name})"
 
-    async def __call__(self, delivery: Any, fields: dict[str, Any]) -> Any:
-        from onceq.core.consumer import Outcome
-        from onceq.core.transport import Kind
-
+    async def __call__(self, delivery: Any, fields: dict[str, Any]) -> Outcome:
         doc = fields.get("doc", {})
         try:
             if self._is_async:
@@ -130,7 +128,7 @@ def effect_raised(
     *,
     config: bool = False,
     mask: Callable[[str], str] | None = None,
-) -> Any:
+) -> Outcome:
     """An exception out of an effect: its Outcome, and one ERROR line — never a traceback.
 
     `config`: raised while the request was built from the flow's own configuration
@@ -143,10 +141,6 @@ def effect_raised(
     failure's detail in the ledger is the type and the masked message (`mask`: the
     effect's own masking, e.g. of its header values; by default onceq.core.redact's).
     """
-    from onceq.core.consumer import Outcome
-    from onceq.core.logs import FLOW
-    from onceq.core.transport import Kind
-
     what = (mask or _short)(f"{type(exc).__name__}: {exc}")
     reason = "config-error" if config else "internal-error"
     msg = delivery.msg_id if delivery.msg_id is not None else delivery.ref
@@ -177,8 +171,6 @@ def _is_async(function: Any) -> bool:
 
 
 def _short(text: str) -> str:
-    from onceq.errors import redact_text
-
     return redact_text(" ".join(text.split())[:DETAIL_MAX])
 
 

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from onceq.core.breaker import CLOSED, OPEN, Breaker
+from onceq.core.ledger_api import LedgerApi
 from onceq.core.retry import BreakerPolicy
 
 log = logging.getLogger("onceq.holds")  # the name in every log line: kept across moves
@@ -43,7 +44,9 @@ class Holds:
     """The pause reasons of one loop, the breaker (None when off or without a call),
     and the tasks that end each reason: the prober, the ledger's watcher."""
 
-    def __init__(self, transport: Any, ledger: Any, policy: BreakerPolicy, *, calls: bool) -> None:
+    def __init__(
+        self, transport: Any, ledger: LedgerApi, policy: BreakerPolicy, *, calls: bool
+    ) -> None:
         self.transport = transport
         self.ledger = ledger
         self.policy = policy
@@ -146,7 +149,7 @@ class Holds:
         self.ledger_losses += 1
         log.warning(
             "ledger %s unavailable (%s); holding messages until it answers",
-            getattr(self.ledger, "path", "?"),
+            self.ledger.path,
             type(exc).__name__,
             extra={"event": "ledger-lost"},
         )
@@ -161,16 +164,15 @@ class Holds:
         return not self.stopped
 
     async def _watch_ledger(self, since: float) -> None:
-        ping = getattr(self.ledger, "ping", None)
         while not self.stopped:
             await wait(self._wake, PING_EVERY_S)
-            if ping is None or await asyncio.to_thread(ping):
+            if await asyncio.to_thread(self.ledger.ping):
                 break
         if self.stopped:
             return
         log.warning(
             "ledger %s answers again after %.1f s; taking messages again",
-            getattr(self.ledger, "path", "?"),
+            self.ledger.path,
             time.monotonic() - since,
             extra={"event": "ledger-back"},
         )

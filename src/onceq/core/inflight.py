@@ -1,11 +1,14 @@
 """The cross-process in-flight guard: one copy of a msg_id in flight across processes.
 
-`Consumer` already lets one copy of a msg_id in flight per process (`_take_turn`).
+`Consumer` already lets one copy of a msg_id in flight per process (`Turns`, below).
 Twins of one message in two consumer processes (two hosts on one broker, a re-sent
 copy, a redelivery after another consumer's connection dropped) could both call the
 partner; the guard makes the second wait until the first is recorded, then the
 ledger calls it a duplicate. The guard lives beside the ledger, because that is what
 every consumer of a flow shares:
+
+Each ledger makes its own (`inflight_guard()`; `guard_for` asks it), so the loop
+never chooses a database's guard:
 
 - PostgreSQL (`onceq.ledger.pg.guard.PgGuard`): a session-level advisory lock per (flow,
   msg_id) on a connection of its own. The holder's death closes its session and the
@@ -79,13 +82,19 @@ class InflightGuard(Protocol):
         """Release everything and close what the guard holds (a connection)."""
 
 
-def guard_for(ledger: Any) -> InflightGuard | None:
-    """The guard that fits `ledger`: PgGuard for PostgreSQL, FileGuard for an SQLite file."""
-    if getattr(ledger, "kind", "sqlite") == "postgresql":
-        from onceq.ledger.pg.guard import PgGuard
+class _HasGuard(Protocol):
+    def inflight_guard(self) -> InflightGuard | None: ...
 
-        return PgGuard(ledger.url, ledger.flow, lookup=True)
-    return FileGuard(Path(f"{ledger.path}{SUFFIX}"), ledger.flow)
+
+def guard_for(ledger: _HasGuard) -> InflightGuard | None:
+    """The guard that fits `ledger`, made by the ledger itself (PgGuard for PostgreSQL,
+    FileGuard beside an SQLite file): core never chooses a database's guard."""
+    return ledger.inflight_guard()
+
+
+def file_guard(ledger_path: str | Path, flow: str) -> FileGuard:
+    """The FileGuard of the SQLite ledger at `ledger_path`: `<ledger>-inflight`."""
+    return FileGuard(Path(f"{ledger_path}{SUFFIX}"), flow)
 
 
 def lock_offset(flow: str, msg_id: str) -> int:
@@ -203,6 +212,27 @@ class FileGuard:
         if f.users == 0 and _files.get(self._key) is f:
             del _files[self._key]
             os.close(f.fd)
+
+
+class Turns:
+    """One copy of a msg_id in flight in this process: a later copy waits for the
+    first to be settled (and to give its lease back) before it claims the lease."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[str, asyncio.Event] = {}
+
+    async def take(self, msg_id: str) -> asyncio.Event:
+        while (ev := self._held.get(msg_id)) is not None:
+            await ev.wait()
+        turn = asyncio.Event()
+        self._held[msg_id] = turn
+        return turn
+
+    def give_back(self, msg_id: str, turn: asyncio.Event) -> None:
+        del self._held[msg_id]
+        turn.set()
 
 
 class Leases:

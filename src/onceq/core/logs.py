@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from onceq.core.redact import redact_text
+from onceq.core.stats import outcome_of
 
 __all__ = [
     "EVENTS",
@@ -276,8 +277,6 @@ def log_group(flow: str, group: Sequence[Any]) -> None:
     """
     if not _messages.isEnabledFor(logging.INFO):
         return
-    from onceq.core.stats import outcome_of
-
     for e in group:
         event = OUTCOME_EVENTS[outcome_of(e)]
         if event is None:

@@ -52,13 +52,18 @@ from __future__ import annotations
 
 import codecs
 import json
-import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceq.core.consumer import Outcome
+from onceq.core.fields import ABSENT as _ABSENT
+from onceq.core.fields import RULES as _RULES
+from onceq.core.fields import FieldPath as Path
+from onceq.core.fields import Rule, get_path
+from onceq.core.fields import is_number as _is_number
+from onceq.core.fields import split_path as _split
+from onceq.core.fields import unstorable_kept as _unstorable
+from onceq.core.outcome import Outcome
 from onceq.core.transport import Delivery, Kind
 from onceq.core.values import CONTROL_CHARS, INT64_MAX, INT64_MIN, fits_int64, is_utf8
 from onceq.errors import UsageError, redact_text
@@ -66,44 +71,7 @@ from onceq.errors import UsageError, redact_text
 DEFAULT_MAX_BYTES = 1024 * 1024
 DETAIL_MAX = 200  # failure rows stay short: a parser's message is evidence, a page is not
 TYPES = ("key", "integer", "number", "string", "lenient-number")
-_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
-_ABSENT: Any = object()
 _BOM = codecs.BOM_UTF8
-Path = str | tuple[str, ...]  # one key, or the keys of a dotted path
-
-
-def _split(path: str, role: str) -> Path:
-    """A checked path: a str for a top-level key (the hot path's dict.get), else a tuple."""
-    if not isinstance(path, str) or not _PATH.fullmatch(path):
-        raise UsageError(f"message spec: {role} {path!r}: not a field path (a.b.c)")
-    parts = tuple(path.split("."))
-    return parts[0] if len(parts) == 1 else parts
-
-
-def get_path(doc: Any, path: Path) -> Any:
-    """The value at `path` in doc, or `_ABSENT` (an intermediate that is not an object too)."""
-    if path.__class__ is str:
-        return doc.get(path, _ABSENT)
-    value = doc
-    for key in path:
-        if type(value) is not dict:  # json.loads makes dicts only; a list is no object
-            return _ABSENT
-        value = value.get(key, _ABSENT)
-        if value is _ABSENT:
-            return _ABSENT
-    return value
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _is_key(v: Any) -> bool:
-    return (isinstance(v, str) and bool(v.strip())) or _is_int(v)
 
 
 def _utf8_sig(body: bytes) -> str:
@@ -122,86 +90,6 @@ def _reject(reason: str, detail: str = "") -> Outcome:
 def _short(value: object) -> str:
     text = " ".join(str(value).split())
     return redact_text(text[:DETAIL_MAX])
-
-
-def _unstorable(value: Any) -> str | None:
-    """Why a kept JSON value cannot be stored (int64, finite, UTF-8 at any depth), or None.
-
-    A walk with a stack, not recursion: a value nested as deeply as json.loads allows
-    would otherwise raise RecursionError here, with the loop's frames on top.
-    """
-    cls = value.__class__
-    # The usual kept value is one scalar: judged here, without the walk's list.
-    if cls is float:
-        return None if math.isfinite(value) else "must be a finite number"
-    if cls is str:
-        return None if is_utf8(value) else "holds a lone surrogate"
-    if cls is int:
-        return None if fits_int64(value) else "is outside the 64-bit integer range"
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, bool) or v is None:
-            continue
-        if isinstance(v, int):
-            if not fits_int64(v):
-                return "is outside the 64-bit integer range"
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                return "must be a finite number"
-        elif isinstance(v, str):
-            if not is_utf8(v):
-                return "holds a lone surrogate"
-        elif isinstance(v, dict):
-            for k in v:
-                if isinstance(k, str) and not is_utf8(k):
-                    return "holds a lone surrogate"
-            stack.extend(v.values())
-        else:
-            stack.extend(v)
-    return None
-
-
-# One function per `types` rule: the first problem of `value` under it, or None. The
-# spec resolves each rule to its function once, so decode does no lookup by name.
-def _bad_id(name: str, value: Any) -> str | None:
-    if not _is_key(value):
-        return f"{name} must be a non-empty string or an integer"
-    if isinstance(value, str) and CONTROL_CHARS.search(value):
-        return f"{name} holds a control character"
-    return None
-
-
-def _bad_key(name: str, value: Any) -> str | None:
-    return None if _is_key(value) else f"{name} must be a non-empty string or an integer"
-
-
-def _bad_integer(name: str, value: Any) -> str | None:
-    return None if _is_int(value) else f"{name} must be an integer"
-
-
-def _bad_number(name: str, value: Any) -> str | None:
-    return None if _is_number(value) else f"{name} must be a finite number"
-
-
-def _bad_string(name: str, value: Any) -> str | None:
-    return None if isinstance(value, str) else f"{name} must be a string"
-
-
-def _any(name: str, value: Any) -> str | None:
-    return None
-
-
-Rule = Callable[[str, Any], str | None]  # a field's name and value → its problem, or None
-
-_RULES: dict[str, Rule] = {
-    "id": _bad_id,
-    "key": _bad_key,
-    "integer": _bad_integer,
-    "number": _bad_number,
-    "string": _bad_string,
-    "lenient-number": _any,
-}
 
 
 @dataclass(frozen=True)

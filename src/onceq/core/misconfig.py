@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from onceq.core.transport import Kind
-from onceq.errors import OnceqError, UsageError, redact_url
+from onceq.errors import AllFailed, Misconfigured, OnceqError, UsageError, redact_url
 
 if TYPE_CHECKING:
     from onceq.core.stats import Stats
-    from onceq.errors import Misconfigured
 
 # Ten: far more than the odd bad message a healthy queue starts with (it takes ten
 # in a row, all failing the same way, with not one success, duplicate or retry among
@@ -311,8 +310,6 @@ class MisconfigGuard:
 
 def stopped_error(stats: Stats, where: str) -> Misconfigured:
     """The one line (and exit 10) of a run the guard stopped: its hint, what it lost."""
-    from onceq.errors import Misconfigured
-
     return Misconfigured(
         f"{where}: {stats.misconfigured}; stopped with {stats.dead} {stats.dead_word},"
         " the rest untouched: fix it and run again",
@@ -327,8 +324,6 @@ def run_error(policy: GuardPolicy, stats: Stats, *, batch: bool, where: str) -> 
     was to finish its queue received messages and every one failed, except under
     the exercise presets' rule (the exercise's scripts end 0 whatever the files were).
     """
-    from onceq.errors import AllFailed
-
     if stats.misconfigured:
         return stopped_error(stats, where)
     if batch and stats.all_failed and not policy.exercise:

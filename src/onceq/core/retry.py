@@ -32,6 +32,12 @@ from onceq.errors import UsageError
 # is dead.
 DEFAULT_DELAYS = (5.0, 30.0, 120.0, 600.0)
 
+# The longest Retry-After honoured (a partner's header, `Retry(after=…)`): a partner
+# that says "come back next month" (or a bug that says 10^12 seconds) must not park a
+# message where no one looks for it. The retry policy still never waits longer than
+# its longest tier.
+RETRY_AFTER_CAP = 86_400.0
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 

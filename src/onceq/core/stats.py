@@ -10,8 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceq.core.entry import Entry
 from onceq.core.transport import Kind, Settle
-from onceq.ledger.sqlite import Entry
 
 # The counters a summary reports, in the order it reports them.
 COUNTS = (

@@ -43,12 +43,14 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from onceq.core.consumer import Outcome
-from onceq.core.effect import effect_raised
-from onceq.core.message import _ABSENT, CONTROL_CHARS, DETAIL_MAX, _split, get_path
-from onceq.core.message import _PATH as _PATH_TEXT
+from onceq.core.effect import DETAIL_MAX, effect_raised
+from onceq.core.fields import ABSENT, PATH_TEXT, get_path, split_path
+from onceq.core.outcome import Outcome
 from onceq.core.redact import MIN_REMEMBERED, secret_shapes
+from onceq.core.retry import RETRY_AFTER_CAP
 from onceq.core.transport import Delivery, Kind
+from onceq.core.url_check import check_url, shown
+from onceq.core.values import CONTROL_CHARS
 from onceq.effects.http_headers import request_headers
 from onceq.errors import UsageError, redact_text
 
@@ -57,10 +59,6 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 StatusList = Iterable[int | str]
 
-# The longest Retry-After honoured: a partner that says "come back next month" (or a
-# bug that says 10^12 seconds) must not park a message where no one looks for it. The
-# retry policy still never waits longer than its longest tier.
-RETRY_AFTER_CAP = 86_400.0
 _DELTA_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -202,17 +200,15 @@ class HttpEffect:
         timeout: float = 10.0,
         concurrency: int = 5,
     ) -> None:
-        from onceq.sources.amqp.url import check_url, shown
-
         self.url = url
         self.method = str(method).upper()
         if not re.fullmatch(r"[A-Z]+", self.method):
             raise UsageError(f"method: {method!r} is not an HTTP method")
         names = _PLACEHOLDER.findall(url)
         try:
-            self._fields = [(n, _split(n, "URL placeholder")) for n in names]
+            self._fields = [(n, split_path(n, "URL placeholder")) for n in names]
         except UsageError:
-            bad = next(n for n in names if not _PATH_TEXT.fullmatch(n))
+            bad = next(n for n in names if not PATH_TEXT.fullmatch(n))
             raise UsageError(f"url {shown(url)}: {{{bad}}} is not a field (a.b.c)") from None
         # Checked with each placeholder as a plain letter; a placeholder in the host or
         # port is refused: it would be a partner that only some messages can reach.
@@ -280,7 +276,7 @@ class HttpEffect:
         parts = list(self._parts)
         for i, (name, path) in enumerate(self._fields):
             value = get_path(doc, path)
-            if value is None or value is _ABSENT:
+            if value is None or value is ABSENT:
                 return Outcome(Kind.REJECTED, "missing-field", name)
             try:
                 parts[2 * i + 1] = quote(str(value), safe="")

@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 
 from onceq.core.redact import MASK, remember_secret
+from onceq.core.url_check import shown as shown_url
 from onceq.core.values import CONTROL_CHARS
 from onceq.errors import UsageError
 
@@ -112,8 +113,6 @@ def request_headers(
         _no_clash(idempotency_header, seen, "idempotency header")
         seen[idempotency_header.lower()] = idempotency_header
     if "authorization" in seen and _has_userinfo(url):
-        from onceq.sources.amqp.url import shown as shown_url
-
         raise UsageError(
             # No '@' in these words: the masking reads a URL's userinfo up to the last one.
             f"url {shown_url(url)}: credentials in the URL and an Authorization header"

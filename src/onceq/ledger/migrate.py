@@ -34,6 +34,7 @@ import sqlite3
 from pathlib import Path
 
 from onceq.errors import LedgerError
+from onceq.ledger.schema import SCHEMA, VERSION, tables, user_version
 
 # The 0.1.0 tables and their columns (git show 036b324:src/onceq/ledger_db.py).
 V1_TABLES: dict[str, set[str]] = {
@@ -114,8 +115,6 @@ def _statements(script: str) -> list[str]:
 def migrate(conn: sqlite3.Connection, path: Path) -> bool:
     """Migrate the 0.1.0 or schema-2 ledger on `conn` to schema 3; False when another
     process already did. LedgerError, with the file unchanged, when it cannot be done."""
-    from onceq.ledger.db import SCHEMA, VERSION, tables, user_version
-
     # execute(), never executescript(): executescript commits a pending transaction
     # first, which would make the migration two transactions.
     conn.execute("BEGIN IMMEDIATE")

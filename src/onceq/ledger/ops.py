@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onceq.core.values import text
 from onceq.errors import LedgerError, UsageError
@@ -63,6 +63,27 @@ def since_text(since: datetime | str | None) -> str | None:
     if since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     return since.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+class Queries(Protocol):
+    """A ledger as the SQL both kinds share sees it (retention, the operators' reads):
+    `?` placeholders on both, what differs (the storage's size) a method of each."""
+
+    @property
+    def flow(self) -> str: ...
+    @property
+    def path(self) -> Path | str: ...
+    @property
+    def kind(self) -> str: ...
+
+    def _transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
+    def _rows(
+        self, sql: str, args: Sequence[Any] = ()
+    ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+    def _q1(self, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None: ...
+    def storage_size(self) -> dict[str, int]:
+        """{part: bytes} of what the ledger takes (SQLite: file, wal; PostgreSQL: each
+        ledger table)."""
 
 
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:

@@ -4,7 +4,8 @@ A ledger that only grows is one someone deletes by hand one day, and with it eve
 id it would have refused. `prune` removes what is older than a window, in small
 batches, on either kind of ledger (SQLite or PostgreSQL), through the ledgers' shared
 private query interface (`_transaction`, `_rows`, `_q1`: SQLite-style `?` SQL on
-both). What differs between the two kinds is in `DIALECTS` and nothing else.
+both). What differs between the two kinds is how their storage is sized
+(`storage_size`, each ledger's own) and nothing else.
 
 What goes, per flow (`flows=None`: every flow in the ledger):
 
@@ -65,19 +66,20 @@ long lock: prune never runs it); PostgreSQL's autovacuum reclaims them.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from onceq.core.retry import RetryPolicy, delay_label
+from onceq.core.retry import RetryPolicy
 from onceq.errors import UsageError
+from onceq.ledger.ops import Queries
+from onceq.ledger.sqlite import check_flow_name
+from onceq.ledger.window import check_window, cutoff_of
 
-# The default policy's longest delay (10 min): the floor of a window when a flow's own
-# policy is not known (a --db without a flow file).
-DEFAULT_LONGEST = RetryPolicy().longest
+__all__ = ["TABLES", "TABLE_NAMES", "Table", "check_window", "cutoff_of", "prune", "stats"]
+
 DEFAULT_BATCH = 1000
 
 
@@ -141,92 +143,6 @@ TABLES = (
 TABLE_NAMES = tuple(t.name for t in TABLES)
 
 
-def _sqlite_size(ledger: Any) -> dict[str, int]:
-    """The database file and its write-ahead log (-wal): what the ledger takes on disk."""
-    out = {}
-    for part, suffix in (("file", ""), ("wal", "-wal")):
-        try:
-            out[part] = os.stat(f"{ledger.path}{suffix}").st_size
-        except FileNotFoundError:
-            out[part] = 0
-    return out
-
-
-def _pg_size(ledger: Any) -> dict[str, int]:
-    """pg_total_relation_size (rows, indexes, TOAST) of each ledger table in its schema."""
-    from onceq.ledger.pg.schema import SCHEMA_NAME
-
-    _, rows = ledger._rows(
-        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class AS c"
-        " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = ? AND c.relkind = 'r' AND c.relname IN"
-        f" ({','.join('?' * len(TABLE_NAMES))})",
-        (SCHEMA_NAME, *TABLE_NAMES),
-    )
-    return {name: int(size) for name, size in rows}
-
-
-# What differs between the kinds of ledger, for retention: how the storage is sized
-# ({part: bytes}). The SQL does not differ: times are ISO 8601 text on both, and both
-# bind `?` (the PostgreSQL ledger translates it once, onceq.ledger.pg.sql).
-DIALECTS: dict[str, Callable[[Any], dict[str, int]]] = {
-    "sqlite": _sqlite_size,
-    "postgresql": _pg_size,
-}
-
-
-# --- the window -----------------------------------------------------------------------
-
-
-def window_floor(
-    flows: Sequence[str], policies: Mapping[str, RetryPolicy] | None = None
-) -> tuple[float, str | None]:
-    """(the longest retry delay of `flows`, the flow it is of): a flow without a policy
-    in `policies` has the default's (10 min). No flow at all: the default's."""
-    policies = policies or {}
-    floor, which = DEFAULT_LONGEST, None
-    for flow in flows:
-        longest = policies[flow].longest if flow in policies else DEFAULT_LONGEST
-        if which is None or longest > floor:
-            floor, which = longest, flow
-    return floor, which
-
-
-def check_window(
-    older_than: float,
-    flows: Sequence[str],
-    policies: Mapping[str, RetryPolicy] | None = None,
-    *,
-    force: bool = False,
-) -> None:
-    """UsageError when `older_than` is shorter than the longest retry delay of `flows`
-    (their `policies`, else the default's 10 min) and not forced.
-
-    A window shorter than that could prune the attempts of a message still waiting in
-    its last tier (see the module's docstring).
-    """
-    floor, flow = window_floor(flows, policies)
-    if older_than < floor and not force:
-        whose = f", flow {flow}" if flow is not None else ""
-        window = delay_label(older_than) if older_than else "0s"
-        raise UsageError(
-            f"--older-than {window}: shorter than the longest retry delay"
-            f" ({delay_label(floor)}{whose}); a message waiting in that tier would lose its"
-            " attempts; nothing pruned (--force to prune anyway)"
-        )
-
-
-def cutoff_of(older_than: float, now: datetime | None = None) -> str:
-    """The cutoff as the ledger writes times (ISO 8601 UTC, microseconds): the text
-    compares as the time does, on both kinds of ledger."""
-    now = now or datetime.now(UTC)
-    try:
-        cut = now.astimezone(UTC) - timedelta(seconds=older_than)
-    except OverflowError:  # a window longer than the calendar: everything is younger
-        cut = datetime.min.replace(tzinfo=UTC)
-    return cut.isoformat(timespec="microseconds")
-
-
 # --- SQL ------------------------------------------------------------------------------
 
 _NAME = re.compile(r":([a-z]\w*)")
@@ -272,7 +188,7 @@ def _range(t: Table, lo: Sequence[Any] | None, hi: Sequence[Any] | None) -> tupl
 Progress = Callable[[str, str, int], None]
 
 
-def high_water(ledger: Any) -> dict[str, int]:
+def high_water(ledger: Queries) -> dict[str, int]:
     """max(id) of each id table (every flow), read once before the first batch: that
     row and every newer one stay (see the module's docstring)."""
     out = {}
@@ -283,7 +199,7 @@ def high_water(ledger: Any) -> dict[str, int]:
     return out
 
 
-def ledger_flows(ledger: Any) -> list[str]:
+def ledger_flows(ledger: Queries) -> list[str]:
     """Every flow with a row in any ledger table, sorted."""
     found: set[str] = set()
     for t in TABLES:
@@ -292,7 +208,7 @@ def ledger_flows(ledger: Any) -> list[str]:
 
 
 def prune(
-    ledger: Any,
+    ledger: Queries,
     older_than: float,
     *,
     flows: Sequence[str] | None = None,
@@ -313,8 +229,6 @@ def prune(
     stays even when old, and why: the module's docstring. A stopped prune (a signal, a
     lost connection) leaves each batch it committed removed, nothing half-done.
     """
-    from onceq.ledger.sqlite import check_flow_name
-
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UsageError(f"batch: {batch!r}: must be a whole number, 1 or more")
     names = ledger_flows(ledger) if flows is None else [check_flow_name(f) for f in flows]
@@ -335,7 +249,7 @@ def prune(
 
 
 def _prune_rows(
-    ledger: Any,
+    ledger: Queries,
     t: Table,
     values: dict[str, Any],
     batch: int,
@@ -380,7 +294,7 @@ def _prune_rows(
 # --- stats ----------------------------------------------------------------------------
 
 
-def stats(ledger: Any) -> dict[str, Any]:
+def stats(ledger: Queries) -> dict[str, Any]:
     """What the ledger holds: rows and the oldest row per table and per flow, its size.
 
     {"ledger": where (a URL's password masked), "kind": "sqlite" | "postgresql",
@@ -403,10 +317,10 @@ def stats(ledger: Any) -> dict[str, Any]:
             "oldest": min(olds, default=None),
             "flows": per_flow,
         }
-    size = DIALECTS[getattr(ledger, "kind", "sqlite")](ledger)
+    size = ledger.storage_size()
     return {
         "ledger": str(ledger.path),
-        "kind": getattr(ledger, "kind", "sqlite"),
+        "kind": ledger.kind,
         "tables": tables,
         "size_bytes": sum(size.values()),
         "size": size,

@@ -1,24 +1,26 @@
 """The rows a group commit writes: dedup rows, duplicate sightings, failures.
 
-`onceq.ledger.sqlite.Ledger.commit` runs these inside its one transaction, in this order:
-the group's `messages` rows (one multi-row INSERT … ON CONFLICT DO NOTHING RETURNING
-per chunk: what comes back took effect), the flow's SQL effect (`onceq.ledger.sql_step`),
-then a `duplicates` row per refused copy and a `failures` row per failed one, each
-unless a crashed run already recorded this very copy (`recovered`).
+`build_row` builds and checks each success's `messages` row (both kinds; PostgreSQL
+adds its own refusals). The group commit (`onceq.ledger.commit`) then writes, inside
+its one transaction: the group's `messages` rows (on SQLite `record_successes`: one
+multi-row INSERT … ON CONFLICT DO NOTHING RETURNING per chunk, what comes back took
+effect), the flow's SQL effect (`onceq.ledger.sql_step`), then a `duplicates` row per
+refused copy and a `failures` row per failed one (the SQL both kinds share, `Tx`),
+each unless a crashed run already recorded this very copy (`recovered`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from json.encoder import encode_basestring as _json_str
+from typing import Any, Protocol, TypeVar
 
+from onceq.core.entry import Entry
 from onceq.core.transport import Kind, Settle
-from onceq.core.values import text
-
-if TYPE_CHECKING:
-    from onceq.ledger.sqlite import Entry
+from onceq.core.values import INT64_MAX, INT64_MIN, is_utf8, text, unstorable
 
 T = TypeVar("T")
 
@@ -65,6 +67,74 @@ def chunks(items: Sequence[T], limit: int = BULK_ROWS) -> Iterator[Sequence[T]]:
         size = min(limit, 1 << ((n - i).bit_length() - 1))
         yield items[i : i + size]
         i += size
+
+
+# The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
+# SQLite's JSON functions would refuse the row).
+_encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def encode_kept(kept: dict[str, Any]) -> str:
+    """`kept` as stored: exactly `_encode_kept(kept)`, twice as fast for flat ones.
+
+    Per message, in the commit's thread: the encoder's own set-up (a C encoder made
+    per call, its circular-reference dict) costs more than encoding one amount. A
+    dict of str keys and finite floats, ints and strs is written here with the
+    encoder's own pieces (float.__repr__, int.__repr__, encode_basestring); anything
+    else (a nested value, None, a bool, NaN) goes to the encoder, which also raises.
+    """
+    parts = []
+    for k, v in kept.items():
+        cls = v.__class__
+        if cls is float and v - v == 0.0:  # finite: inf - inf and nan - nan are nan
+            text = float.__repr__(v)
+        elif cls is int:
+            text = int.__repr__(v)
+        elif cls is str:
+            text = _json_str(v)
+        else:
+            return _encode_kept(kept)
+        if k.__class__ is not str:
+            return _encode_kept(kept)
+        parts.append(_json_str(k) + ":" + text)
+    return "{" + ",".join(parts) + "}"
+
+
+def build_row(e: Entry, flow: str, source: str, now: str) -> str:
+    """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''.
+
+    Shared by both ledgers (`onceq.ledger.pg.rows.pg_build_row` adds PostgreSQL's own refusals).
+    """
+    f = e.fields
+    d = e.delivery
+    msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
+    # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
+    # test or two inline; anything else gets the full check and its wording.
+    if not (
+        (msg_id.__class__ is str and msg_id.isascii())
+        and (grp is None or (grp.__class__ is str and grp.isascii()))
+        and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
+    ):
+        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
+            why = unstorable(value)
+            if why:
+                return f"{name}: {why}"
+    kept_values = f.get("kept")
+    if kept_values:
+        try:
+            kept = encode_kept(kept_values)
+        except (TypeError, ValueError) as exc:
+            return f"kept: {exc}"
+        if not (kept.isascii() or is_utf8(kept)):
+            return "kept: text with a lone surrogate"
+    else:
+        kept = "{}"
+    ref = d.ref
+    if not (ref.__class__ is str and ref.isascii() and "\x00" not in ref):
+        ref = text(ref)
+    dup = 1 if f.get("partner_duplicate") else 0
+    e.row = (flow, msg_id, grp, seq, kept, dup, now, source, ref)
+    return ""
 
 
 _INSERT = (

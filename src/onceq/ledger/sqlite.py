@@ -16,62 +16,36 @@ replays and their audit).
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from json.encoder import encode_basestring as _json_str
 from pathlib import Path
 from typing import Any
 
 from onceq.core.effect import SqlEffect
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.core.values import INT64_MAX, INT64_MIN, is_data_error, is_utf8, text, unstorable
+from onceq.core.entry import Entry
+from onceq.core.inflight import FileGuard, file_guard
 from onceq.errors import LedgerError, UsageError
-from onceq.ledger import sql_step as ledger_sql
 from onceq.ledger.db import connect, connect_or_create, deny_attach
-from onceq.ledger.ops import LedgerOps
-from onceq.ledger.rows import failure_recorded, record_duplicate, record_failure, record_successes
+from onceq.ledger.ops import LedgerOps, utcnow
+from onceq.ledger.rows import _encode_kept, build_row, encode_kept
+from onceq.ledger.sqlite_commit import SqliteCommit
 
-# The stored form of `kept`: compact, UTF-8 as it is, no NaN/Infinity (not JSON, and
-# SQLite's JSON functions would refuse the row).
-_encode_kept = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-
-
-def encode_kept(kept: dict[str, Any]) -> str:
-    """`kept` as stored: exactly `_encode_kept(kept)`, twice as fast for flat ones.
-
-    Per message, in the commit's thread: the encoder's own set-up (a C encoder made
-    per call, its circular-reference dict) costs more than encoding one amount. A
-    dict of str keys and finite floats, ints and strs is written here with the
-    encoder's own pieces (float.__repr__, int.__repr__, encode_basestring); anything
-    else (a nested value, None, a bool, NaN) goes to the encoder, which also raises.
-    """
-    parts = []
-    for k, v in kept.items():
-        cls = v.__class__
-        if cls is float and v - v == 0.0:  # finite: inf - inf and nan - nan are nan
-            text = float.__repr__(v)
-        elif cls is int:
-            text = int.__repr__(v)
-        elif cls is str:
-            text = _json_str(v)
-        else:
-            return _encode_kept(kept)
-        if k.__class__ is not str:
-            return _encode_kept(kept)
-        parts.append(_json_str(k) + ":" + text)
-    return "{" + ",".join(parts) + "}"
-
+# Names this module has always offered (the tests', the other ledger's): kept here.
+__all__ = [
+    "DEFAULT_FLOW",
+    "Entry",
+    "Ledger",
+    "_encode_kept",
+    "build_row",
+    "check_flow_name",
+    "encode_kept",
+    "utcnow",
+]
 
 FLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_FLOW = "default"
-
-
-def utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def check_flow_name(name: str) -> str:
@@ -83,81 +57,7 @@ def check_flow_name(name: str) -> str:
     return name
 
 
-@dataclass(eq=False)
-class Entry:
-    """One delivery's outcome on its way into the ledger.
-
-    The loop fills kind/settle/reason; `commit` may turn a SUCCESS into a
-    DUPLICATE (another process won the primary key), REJECTED (the database refused
-    its row) or a failure of its SQL effect, and says so in `kind`, `settle` and
-    `reason`. `max_attempts` is the loop's, for an SQL effect's failure to be decided
-    like any other. `row` is its `messages` row, built once by `commit`.
-    """
-
-    delivery: Delivery
-    kind: Kind
-    settle: Settle
-    reason: str = ""
-    detail: str = ""
-    attempt: int = 1
-    fields: dict[str, Any] = field(default_factory=dict)
-    recovered: bool = False  # the row already names this very copy: a crash after commit
-    max_attempts: int = 1
-    row: tuple[Any, ...] = field(default=(), repr=False)
-    # The loop's retry policy, for an SQL effect's failure to be decided like any other
-    # (None: `max_attempts` tries, no delays).
-    policy: Any = field(default=None, repr=False)
-
-    def _state(self) -> tuple[Any, ...]:
-        return (self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt)
-
-    def _restore(self, state: tuple[Any, ...]) -> None:
-        self.kind, self.settle, self.reason, self.detail, self.recovered, self.attempt = state
-
-    def _refuse(self, detail: str) -> None:
-        """The ledger cannot record this success: it becomes a dead letter, with why."""
-        self.kind, self.settle, self.recovered = Kind.REJECTED, Settle.DEAD, False
-        self.reason, self.detail = "ledger-refused", detail
-
-
-def build_row(e: Entry, flow: str, source: str, now: str) -> str:
-    """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''.
-
-    Shared by both ledgers (`onceq.ledger.pg.ledger.PgLedger` adds PostgreSQL's own refusals).
-    """
-    f = e.fields
-    d = e.delivery
-    msg_id, grp, seq = d.msg_id, f.get("group"), f.get("seq")
-    # Per message, so the usual values (ASCII text, no group, a 64-bit int) pass a
-    # test or two inline; anything else gets the full check and its wording.
-    if not (
-        (msg_id.__class__ is str and msg_id.isascii())
-        and (grp is None or (grp.__class__ is str and grp.isascii()))
-        and (seq is None or (seq.__class__ is int and INT64_MIN <= seq <= INT64_MAX))
-    ):
-        for name, value in (("msg_id", msg_id), ("group", grp), ("seq", seq)):
-            why = unstorable(value)
-            if why:
-                return f"{name}: {why}"
-    kept_values = f.get("kept")
-    if kept_values:
-        try:
-            kept = encode_kept(kept_values)
-        except (TypeError, ValueError) as exc:
-            return f"kept: {exc}"
-        if not (kept.isascii() or is_utf8(kept)):
-            return "kept: text with a lone surrogate"
-    else:
-        kept = "{}"
-    ref = d.ref
-    if not (ref.__class__ is str and ref.isascii() and "\x00" not in ref):
-        ref = text(ref)
-    dup = 1 if f.get("partner_duplicate") else 0
-    e.row = (flow, msg_id, grp, seq, kept, dup, now, source, ref)
-    return ""
-
-
-class Ledger(LedgerOps):
+class Ledger(SqliteCommit, LedgerOps):
     """The ledger at `path`, for the flow `flow`. `source` tags rows ('dirq', 'amqp').
 
     `sql` is the flow's SQL effect: its `setup` runs when the ledger opens, its
@@ -212,6 +112,29 @@ class Ledger(LedgerOps):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- the consume loop's side (onceq.core.ledger_api.LedgerApi) --------------------
+
+    def ping(self) -> bool:
+        """An SQLite file is never away (it has no connection to lose)."""
+        return True
+
+    def interrupt(self) -> None:
+        """Nothing to interrupt: a commit never waits for a lost database."""
+
+    def inflight_guard(self) -> FileGuard:
+        """A byte-range lock per msg_id on `<ledger>-inflight` (onceq.core.inflight)."""
+        return file_guard(self.path, self.flow)
+
+    def storage_size(self) -> dict[str, int]:
+        """The database file and its write-ahead log (-wal): what the ledger takes on disk."""
+        out = {}
+        for part, suffix in (("file", ""), ("wal", "-wal")):
+            try:
+                out[part] = os.stat(f"{self.path}{suffix}").st_size
+            except FileNotFoundError:
+                out[part] = 0
+        return out
 
     # --- reads (this flow's) ----------------------------------------------------------
 
@@ -309,77 +232,3 @@ class Ledger(LedgerOps):
             if isinstance(exc, sqlite3.Error):
                 raise LedgerError(f"{self.path}: write failed: {exc}") from exc
             raise
-
-    def commit(self, entries: Iterable[Entry]) -> None:
-        """Record a group of outcomes in one durable transaction.
-
-        SUCCESS inserts the `messages` row with ON CONFLICT DO NOTHING; no row back
-        means another copy got there first, and the entry becomes a DUPLICATE (or
-        `recovered`, when the row names this very copy). Then the flow's SQL effect
-        runs for each entry that won its row (`onceq.ledger.sql_step`): one that fails is
-        undone alone, row and all. A failure that a crashed run already recorded for
-        this very copy is not recorded twice (`recovered`). A success whose values
-        SQLite cannot store (`onceq.core.values`) becomes a dead letter, reason
-        ledger-refused, and the rest of its group commits; a database error (I/O,
-        disk, schema) is the ledger's and fails the whole group with LedgerError.
-        """
-        now = utcnow()
-        entries = list(entries)
-        for e in entries:
-            if e.kind is Kind.SUCCESS:
-                # Built once here, checked as it is built: one message's value that
-                # SQLite cannot bind (an int over 64 bits, a lone surrogate) would fail
-                # the whole group, so it is refused alone.
-                problem = self._build_row(e, now)
-                if problem:
-                    e._refuse(problem)
-        states = [e._state() for e in entries]
-        try:
-            with self._transaction() as conn:
-                self._write_entries(conn, entries, now)
-        except (LedgerError, OverflowError, UnicodeError, TypeError, ValueError) as exc:
-            if not is_data_error(exc.__cause__ if isinstance(exc, LedgerError) else exc):
-                raise
-            # The check above missed one entry's data (a new field, a new type): undone
-            # as a whole, the group is written again entry by entry, the guilty one
-            # becomes a dead letter and the innocent ones commit.
-            for e, state in zip(entries, states, strict=True):
-                e._restore(state)
-            with self._transaction() as conn:
-                for e in entries:
-                    self._write_alone(conn, e, now)
-
-    def _build_row(self, e: Entry, now: str) -> str:
-        """Set e.row (its `messages` row, INSERT column order); why it cannot be stored, or ''."""
-        return build_row(e, self.flow, self.source, now)
-
-    def _write_alone(self, conn: sqlite3.Connection, e: Entry, now: str) -> None:
-        conn.execute("SAVEPOINT entry")
-        try:
-            self._write_entries(conn, [e], now)
-        except Exception as exc:
-            if not is_data_error(exc):
-                raise
-            conn.execute("ROLLBACK TO entry")
-            e._refuse(f"{type(exc).__name__}: {str(exc)[:120]}")
-            self._write_entries(conn, [e], now)  # its failure row: every text in it is made safe
-        conn.execute("RELEASE entry")
-
-    def _write_entries(self, conn: sqlite3.Connection, entries: list[Entry], now: str) -> None:
-        won, lost = record_successes(conn, [e for e in entries if e.kind is Kind.SUCCESS])
-        ledger_sql.apply(self, conn, won)
-        if lost and any(w.kind is not Kind.SUCCESS for w in won):
-            # A second copy in this group lost to a winner whose effect then failed:
-            # it took no effect either, so it shares the verdict (never acked as done).
-            failed = {w.delivery.msg_id: w for w in won if w.kind is not Kind.SUCCESS}
-            for e in lost:
-                if (w := failed.get(e.delivery.msg_id)) is not None:
-                    ledger_sql.same_verdict(e, w)
-        for e in entries:
-            if e.kind is Kind.DUPLICATE:
-                record_duplicate(conn, self.flow, self.source, e, now)
-            elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                if failure_recorded(conn, self.flow, self.source, e):
-                    e.recovered = True
-                else:
-                    record_failure(conn, self.flow, self.source, e, now)

@@ -23,6 +23,18 @@ from onceq.errors import UsageError
 
 if TYPE_CHECKING:
     from onceq.core.effect import SqlEffect
+    from onceq.core.ledger_api import LedgerApi
+    from onceq.ledger.ops import Queries
+    from onceq.ledger.pg.ledger import PgLedger
+    from onceq.ledger.sqlite import Ledger
+
+    def _both_kinds_conform(
+        a: Ledger, b: PgLedger
+    ) -> tuple[LedgerApi, LedgerApi, Queries, Queries]:
+        """For mypy only: what open_ledger returns meets the loop's protocol and the
+        shared query interface, whichever kind it is."""
+        return a, b, a, b
+
 
 PG_SCHEMES = ("postgresql", "postgres")
 DEFAULT_FLOW = "default"
@@ -136,9 +148,9 @@ def open_ledger(
     """
     target = as_target(target, "ledger")  # a library caller's str too: checked, remembered
     if is_pg_url(target):
-        from onceq.ledger.pg.ledger import PgLedger
+        from onceq.ledger.pg.ledger import PgLedger  # why: psycopg costs start-up (SQLite runs)
 
         return PgLedger(str(target), source, flow=flow, sql=sql, create=create)
-    from onceq.ledger.sqlite import Ledger
+    from onceq.ledger.sqlite import Ledger  # why: --db parsing (cli) must not load a ledger
 
     return Ledger(target, source, flow=flow, sql=sql, create=create)

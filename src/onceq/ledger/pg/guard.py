@@ -12,8 +12,8 @@ Why advisory locks and not a lease row:
 - it writes nothing: no WAL, no bloat, no vacuum, no row to clean up after a crash.
 
 Round trips are the cost, so claims made in one event-loop tick go out as ONE query
-(`unnest` of an array of ids), and so do releases. With `lookup` (what `guard_for`
-builds for a ledger) the same round trip also does the loop's duplicate check: a
+(`unnest` of an array of ids), and so do releases. With `lookup` (what
+`PgLedger.inflight_guard` builds) the same round trip also does the loop's duplicate check: a
 second statement, pipelined after the claim, reads the ledger's refs of the batch's
 ids, and a claim answers `Checked(ref)` (see `LOOKUP_SQL` for why that read cannot
 miss a twin's commit). A claim that finds the lock held
@@ -41,9 +41,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from onceq.core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
+from onceq.core.redact import redact_url
 from onceq.core.values import text
 from onceq.errors import LedgerError, redact_text
-from onceq.ledger.target import describe
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
 
@@ -131,7 +131,7 @@ class PgGuard:
     def __init__(self, url: str, flow: str, *, lookup: bool = False) -> None:
         self.flow = flow
         self.lookup = lookup  # also do the duplicate check (the ledger's schema exists)
-        self.path = describe(url)  # what messages name: the password masked
+        self.path = redact_url(url)  # what messages name: the password masked
         self._conninfo = guard_conninfo(url)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._claims: list[tuple[str, asyncio.Future[Answer]]] = []  # for the next batch

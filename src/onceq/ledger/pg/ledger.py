@@ -25,19 +25,17 @@ from typing import Any, TypeVar
 import psycopg
 
 from onceq.core.effect import SqlEffect
-from onceq.core.transport import Kind
-from onceq.core.values import is_data_error
+from onceq.core.redact import redact_url
 from onceq.errors import LedgerError, LedgerUnavailable
 from onceq.ledger.ops import LedgerOps
 from onceq.ledger.pg import schema
-from onceq.ledger.pg import sql_step as pg_effect
+from onceq.ledger.pg.commit import PgCommit
+from onceq.ledger.pg.guard import PgGuard
 from onceq.ledger.pg.precheck import Precheck
 from onceq.ledger.pg.reconnect import Reconnector, is_connection_error
-from onceq.ledger.pg.rows import pg_build_row, record_successes
 from onceq.ledger.pg.sql import PgTx, translate
-from onceq.ledger.rows import failure_recorded, record_duplicate, record_failure
-from onceq.ledger.sqlite import DEFAULT_FLOW, Entry, check_flow_name, utcnow
-from onceq.ledger.target import describe
+from onceq.ledger.retention import TABLE_NAMES
+from onceq.ledger.sqlite import DEFAULT_FLOW, check_flow_name
 
 T = TypeVar("T")
 
@@ -52,12 +50,7 @@ _PROCESSED_REFS = (
 )
 
 
-def row_fault(exc: BaseException) -> bool:
-    """Did one message's row fail (its values, a constraint), not the database?"""
-    return isinstance(exc, psycopg.IntegrityError | psycopg.DataError) or is_data_error(exc)
-
-
-class PgLedger(LedgerOps):
+class PgLedger(PgCommit, LedgerOps):
     """The ledger in the PostgreSQL database `url`, for the flow `flow`.
 
     `path` is the URL with its password masked (what every message names); `url` is
@@ -78,7 +71,7 @@ class PgLedger(LedgerOps):
         create: bool = True,
     ) -> None:
         self.url = url
-        self.path: str = describe(url)
+        self.path: str = redact_url(url)  # what messages name: the password masked
         self.source = source
         self.flow = check_flow_name(flow)
         self.sql = sql
@@ -123,12 +116,29 @@ class PgLedger(LedgerOps):
         """Make a commit waiting for the database give up (Consumer.stop)."""
         self._net.interrupt()
 
+    def inflight_guard(self) -> PgGuard:
+        """Advisory locks on a session of their own, the duplicate check in the claim's
+        round trip (`lookup`: onceq.ledger.pg.guard)."""
+        return PgGuard(self.url, self.flow, lookup=True)
+
     def _reader(self) -> psycopg.Connection[Any]:
         with self._read_lock:
             if self._read.closed or self._read.broken:
                 # On the event loop: one quick attempt at most, rate-limited, never a wait.
                 self._read = self._net.reconnect_now(self.url, self._read)
             return self._read
+
+    def storage_size(self) -> dict[str, int]:
+        """pg_total_relation_size (rows, indexes, TOAST) of each ledger table in its
+        schema; business tables beside them are not the ledger's."""
+        _, rows = self._rows(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class AS c"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = ? AND c.relkind = 'r' AND c.relname IN"
+            f" ({','.join('?' * len(TABLE_NAMES))})",
+            (schema.SCHEMA_NAME, *TABLE_NAMES),
+        )
+        return {name: int(size) for name, size in rows}
 
     # --- reads (this flow's) ----------------------------------------------------------
 
@@ -258,76 +268,6 @@ class PgLedger(LedgerOps):
                 if is_connection_error(exc, conn):
                     raise self._net.lost(exc) from None
                 raise LedgerError(f"{self.path}: write failed: {schema._why(exc)}") from exc
-
-    def commit(self, entries: Iterable[Entry]) -> None:
-        """Record a group of outcomes in one durable transaction (see `Ledger.commit`:
-        the same verdicts). A lost connection is waited out: the same group is written
-        again with the same `now` once the database is back, and a COMMIT whose answer
-        was lost is looked up, not repeated (`onceq.ledger.pg.reconnect`)."""
-        now = utcnow()
-        entries = list(entries)
-        for e in entries:
-            if e.kind is Kind.SUCCESS:
-                problem = pg_build_row(e, self.flow, self.source, now)
-                if problem:
-                    e._refuse(problem)
-        states = [e._state() for e in entries]
-        with self._write_lock:
-            self._net.run_commit(self, lambda conn: self._commit_once(conn, entries, states, now))
-
-    def _commit_once(
-        self, conn: psycopg.Connection[Any], entries: list[Entry], states: list[Any], now: str
-    ) -> None:
-        """One try at the group, on `conn`; psycopg errors propagate (the caller tells a
-        lost connection from the ledger's other trouble)."""
-        for e, state in zip(entries, states, strict=True):
-            e._restore(state)
-        tx = PgTx(conn)
-        try:
-            with self._net.transaction(conn):
-                self._write_entries(tx, entries, now)
-        except Exception as exc:
-            if not row_fault(exc) or is_connection_error(exc, conn):
-                raise
-            # One entry's data (or a constraint) refused its row and aborted the whole
-            # transaction: the group is written again entry by entry, each in a
-            # savepoint; the guilty one becomes a dead letter, the innocent ones commit.
-            for e, state in zip(entries, states, strict=True):
-                e._restore(state)
-            with self._net.transaction(conn):
-                for e in entries:
-                    self._write_alone(tx, e, now)
-
-    def _write_alone(self, tx: PgTx, e: Entry, now: str) -> None:
-        try:
-            with tx.conn.transaction():
-                self._write_entries(tx, [e], now)
-        except Exception as exc:
-            if not row_fault(exc) or is_connection_error(exc, tx.conn):
-                raise
-            e._refuse(f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
-            self._write_entries(tx, [e], now)  # its failure row: every text in it is made safe
-
-    def _write_entries(self, tx: PgTx, entries: list[Entry], now: str) -> None:
-        won, lost = record_successes(tx, [e for e in entries if e.kind is Kind.SUCCESS])
-        pg_effect.apply(self, tx, won)
-        if lost and any(w.kind is not Kind.SUCCESS for w in won):
-            # A second copy in this group lost to a winner whose effect then failed:
-            # it took no effect either, so it shares the verdict (never acked as done).
-            from onceq.ledger.sql_step import same_verdict
-
-            failed = {w.delivery.msg_id: w for w in won if w.kind is not Kind.SUCCESS}
-            for e in lost:
-                if (w := failed.get(e.delivery.msg_id)) is not None:
-                    same_verdict(e, w)
-        for e in entries:
-            if e.kind is Kind.DUPLICATE:
-                record_duplicate(tx, self.flow, self.source, e, now)
-            elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
-                if failure_recorded(tx, self.flow, self.source, e):
-                    e.recovered = True
-                else:
-                    record_failure(tx, self.flow, self.source, e, now)
 
 
 __all__ = ["LedgerUnavailable", "PgLedger"]

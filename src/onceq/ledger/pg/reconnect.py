@@ -34,7 +34,7 @@ from onceq.errors import LedgerError, LedgerUnavailable
 from onceq.ledger.pg import schema
 
 if TYPE_CHECKING:
-    from onceq.ledger.pg.ledger import PgLedger
+    from onceq.ledger.pg.commit import PgCommit
 
 log = logging.getLogger("onceq.ledger")
 
@@ -166,7 +166,7 @@ class Reconnector:
         conn.execute("COMMIT")
 
     def run_commit(
-        self, ledger: PgLedger, attempt: Callable[[psycopg.Connection[Any]], None]
+        self, ledger: PgCommit, attempt: Callable[[psycopg.Connection[Any]], None]
     ) -> None:
         """Run `attempt(conn)` until it goes through, reconnecting as needed."""
         delay = BACKOFF_FIRST

@@ -10,7 +10,7 @@ run through `onceq.ledger.pg.sql.PgTx`. What differs from SQLite is the dedup in
   parameters per row.
 - A refused row aborts the whole PostgreSQL transaction (SQLite undoes just the
   statement), so there is no in-place row-by-row fallback: `record_success` is the
-  careful path's, in a savepoint per entry (`PgLedger.commit`).
+  careful path's, in a savepoint per entry (`onceq.ledger.commit`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import psycopg
 
 from onceq.core.transport import Kind, Settle
 from onceq.core.values import INT64_MAX, INT64_MIN
-from onceq.ledger.sqlite import build_row
+from onceq.ledger.rows import build_row
 
 if TYPE_CHECKING:
-    from onceq.ledger.pg.sql import PgTx
-    from onceq.ledger.sqlite import Entry
+    from onceq.core.entry import Entry
 
 # psycopg's own placeholders, %b (binary), not a translated `?` text: psycopg dumps a
 # list of 256 str in binary at a third of the CPU of the text form (measured: 2.4 µs
@@ -97,7 +96,9 @@ def _as_int(value: Any) -> int | None:
     return number if INT64_MIN <= number <= INT64_MAX else None
 
 
-def record_successes(tx: PgTx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+def record_successes(
+    conn: psycopg.Connection[Any], group: list[Entry]
+) -> tuple[list[Entry], list[Entry]]:
     """Insert the group's `messages` rows in one statement; (won, lost).
 
     The rows it returns are the copies that took effect; every other entry lost to
@@ -114,7 +115,7 @@ def record_successes(tx: PgTx, group: list[Entry]) -> tuple[list[Entry], list[En
     keys = [(e.row[1], e.row[8]) for e in group]
     if len(set(keys)) < len(keys):
         for e in group:
-            record_success(tx, e, won, lost)
+            record_success(conn, e, won, lost)
         return won, lost
     # In msg_id order (a stable sort: copies of one msg_id keep the group's order, the
     # first still wins): two consumers whose groups share msg_ids then take the rows'
@@ -132,7 +133,7 @@ def record_successes(tx: PgTx, group: list[Entry]) -> tuple[list[Entry], list[En
         k.append(row[4])
         d.append(row[5])
         r.append(row[8])
-    cur = tx.conn.cursor()
+    cur = conn.cursor()
     cur.execute(_INSERT_GROUP, (r0[6], r0[0], r0[7], m, g, s, k, d, r))
     back = set(cur.fetchall())
     for e, key in zip(group, keys, strict=True):
@@ -144,13 +145,15 @@ def record_successes(tx: PgTx, group: list[Entry]) -> tuple[list[Entry], list[En
     return won, lost
 
 
-def record_success(tx: PgTx, e: Entry, won: list[Entry], lost: list[Entry]) -> None:
+def record_success(
+    conn: psycopg.Connection[Any], e: Entry, won: list[Entry], lost: list[Entry]
+) -> None:
     """One entry's `messages` row, in a savepoint: a constraint that refuses it (a
     CHECK, a trigger's RAISE, a DataError) refuses this message alone (ledger-refused);
     any other error is the ledger's and fails the group."""
     try:
-        with tx.conn.transaction():
-            cur = psycopg.RawCursor(tx.conn)
+        with conn.transaction():
+            cur = psycopg.RawCursor(conn)
             cur.execute(_INSERT_ONE, e.row)
             row = cur.fetchone()
     except (psycopg.IntegrityError, psycopg.DataError) as exc:
