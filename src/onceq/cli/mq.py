@@ -125,7 +125,8 @@ def topology(
     import asyncio
 
     from onceq.core.retry import RetryPolicy
-    from onceq.sources.amqp.topology import Topology, declare
+    from onceq.sources.amqp.topology import Topology
+    from onceq.sources.amqp.topology_declare import declare
     from onceq.sources.amqp.url import vhost_of
 
     policy = retry_from_values(retry_flags)
