@@ -20,4 +20,3 @@ __all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "check_claim_url", "decode"]
 def decode(delivery: Delivery) -> Outcome:
     """Set delivery.msg_id from the message_id property (else the body's guid)."""
     return CLAIMS.decode(delivery)
-

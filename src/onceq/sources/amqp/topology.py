@@ -343,4 +343,3 @@ _CLAIMS_OBJECTS = Topology.claims().objects()
 EXCHANGES = tuple(o for o in _CLAIMS_OBJECTS[0] if isinstance(o, Exchange))
 QUEUES = tuple(o for o in _CLAIMS_OBJECTS[0] if isinstance(o, Queue))
 BINDINGS = tuple(_CLAIMS_OBJECTS[1])
-
