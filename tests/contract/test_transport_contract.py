@@ -185,7 +185,7 @@ async def run_amqp(url: str, db: Path, handler: Handler) -> tuple[Any, ...]:
     import aio_pika
 
     from onceq.exercise import claims_0_1_0 as claim
-    from onceq.sources.amqp.topology import declare
+    from onceq.sources.amqp.topology_declare import declare
     from onceq.sources.amqp.transport import AmqpTransport
 
     await declare(url)

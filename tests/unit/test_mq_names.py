@@ -17,8 +17,8 @@ from onceq.sources.amqp.topology import (
     Exchange,
     Queue,
     Topology,
-    plan,
 )
+from onceq.sources.amqp.topology_declare import plan
 
 
 def test_claims_preset_is_the_exercise_names() -> None:

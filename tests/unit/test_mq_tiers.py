@@ -10,7 +10,8 @@ from onceq.exercise.flows import claims_flow
 from onceq.flows.flow import Flow
 from onceq.sources.amqp.plugin import RabbitSource
 from onceq.sources.amqp.retry import copy_headers
-from onceq.sources.amqp.topology import Queue, Topology, plan
+from onceq.sources.amqp.topology import Queue, Topology
+from onceq.sources.amqp.topology_declare import plan
 
 
 def test_no_delays_is_exactly_the_exercise_topology() -> None:

@@ -21,7 +21,8 @@ from onceq.sources.amqp.preflight import (
     parse_inequivalent,
 )
 from onceq.sources.amqp.retry import copy_headers
-from onceq.sources.amqp.topology import Queue, Topology, plan
+from onceq.sources.amqp.topology import Queue, Topology
+from onceq.sources.amqp.topology_declare import plan
 from onceq.sources.amqp.topology_types import DELIVERY_LIMIT
 
 

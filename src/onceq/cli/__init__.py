@@ -1,7 +1,9 @@
 """The `onceq` command: parse, call the library, print, map errors to exit codes.
 
-Heavy modules (rich, aio-pika, aiormq, aiohttp) are imported inside the commands
-that need them, so `onceq dirq lag` and `--help` start in a few tens of ms.
+Each command's module is imported only when that command runs (`COMMANDS`, a
+LazyGroup), so `onceq dirq lag` and `--help` start in a few tens of ms: the heavy
+modules (rich, aio-pika, aiormq, aiohttp, sqlite3) stay behind the commands that
+need them.
 """
 
 from __future__ import annotations
@@ -11,8 +13,66 @@ from collections.abc import Iterable
 
 import click
 
-from onceq.core.redact import MASK
+from onceq.cli.flow_options import UNQUOTED, remember_header_words
+from onceq.cli.lazy import LazyGroup
+from onceq.core.logs import say
+from onceq.core.redact import MASK, guarded_stdio
 from onceq.errors import OnceqError, redact_text
+
+# name -> (module, command, the first sentence of its help: what `onceq --help` lists
+# without importing the module; tests/unit/test_cli_lazy.py keeps them equal).
+COMMANDS = {
+    "check": (
+        "onceq.cli.run",
+        "check",
+        "Check a flow file: every mistake one line, exit 2; nothing is run or created.",
+    ),
+    "demo": (
+        "onceq.cli.demo",
+        "demo",
+        "Run the built-in sample (20 orders) through a directory queue into SQLite.",
+    ),
+    "dirq": (
+        "onceq.cli.dirq",
+        "dirq",
+        "A queue that is a folder: inbox/ processing/ done/ error/.",
+    ),
+    "lab": (
+        "onceq.cli.lab",
+        "lab",
+        "Generate the seed exercises' file layouts (thin scripts over onceq).",
+    ),
+    "ledger": (
+        "onceq.cli.ledger_cmd",
+        "ledger",
+        "The ledger itself: what it holds (stats) and removing its old rows (prune).",
+    ),
+    "mq": (
+        "onceq.cli.mq",
+        "mq",
+        "RabbitMQ: topology, confirming publisher, manual-ack consumer with DLQ.",
+    ),
+    "partner": (
+        "onceq.cli.partner",
+        "partner",
+        "Stub partner systems for demos, tests and benchmarks.",
+    ),
+    "run": (
+        "onceq.cli.run",
+        "run",
+        "Run the flows of a flow file in one process, into the file's one ledger.",
+    ),
+    "sample": (
+        "onceq.cli.sample",
+        "sample",
+        "Copy the built-in sample into DEST/orders/, DEST/claims/ and DEST/invoices/.",
+    ),
+    "status": (
+        "onceq.cli.status",
+        "status",
+        "Queue depths, ledger counts and consumer state of every flow; nothing is written.",
+    ),
+}
 
 EPILOG = (
     "Exit codes: 0 ok, 1 threshold exceeded / check failed, 2 bad usage, 3 not found"
@@ -29,7 +89,12 @@ EPILOG = (
 )
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="onceq")
 def app() -> None:
     """Consume messages effectively once: at-least-once delivery + a dedup ledger.
@@ -43,18 +108,8 @@ def app() -> None:
 
 
 def _register() -> None:
-    from onceq.cli import demo, dirq, lab, ledger_cmd, mq, partner, run, sample, status
-
-    app.add_command(run.run)
-    app.add_command(run.check)
-    app.add_command(demo.demo)
-    app.add_command(dirq.dirq)
-    app.add_command(mq.mq)
-    app.add_command(ledger_cmd.ledger)
-    app.add_command(partner.partner)
-    app.add_command(lab.lab)
-    app.add_command(sample.sample)
-    app.add_command(status.status)
+    """Import every command (what walks the whole tree: the tests, the docs checks)."""
+    app.load_all()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,16 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     Everything the command writes to stdout/stderr (rich, click, logging, a traceback)
     passes through the URL-password masking: the last line of defence.
     """
-    from onceq.core.redact import guarded_stdio
-
     with guarded_stdio():
         _main(argv)
 
 
 def _main(argv: list[str] | None) -> None:
-    from onceq.cli.flow_options import remember_header_words
-
-    _register()
     unquoted = remember_header_words(sys.argv[1:] if argv is None else argv)
     try:
         code = app.main(args=argv, prog_name="onceq", standalone_mode=False)
@@ -86,9 +136,7 @@ def _main(argv: list[str] | None) -> None:
         sys.stderr.write(f"onceq: {redact_text(exc.format_message())}\n")
         sys.exit(exc.exit_code)
     except OnceqError as exc:
-        from onceq.core.logs import say  # a JSON object when the command logs JSON
-
-        say(redact_text(str(exc)), "error")
+        say(redact_text(str(exc)), "error")  # a JSON object when the command logs JSON
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("onceq: interrupted\n")
@@ -102,8 +150,6 @@ def _usage_line(exc: click.UsageError, unquoted: Iterable[str] = ()) -> str:
     click's command path starts with the program's own name (`onceq mq`), which the
     `onceq: ` every error line starts with already says: it is written once.
     """
-    from onceq.cli.flow_options import UNQUOTED
-
     path = exc.ctx.command_path if exc.ctx is not None else "onceq"
     sub = path.partition(" ")[2]
     message = redact_text(exc.format_message())  # click may quote a URL argument

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from onceq.ledger.target import as_target
+
 DB_METAVAR = "PATH|URL"
 
 
@@ -24,7 +26,6 @@ class LedgerTargetType(click.ParamType):
     _path = click.Path(path_type=Path, dir_okay=False)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from onceq.ledger.target import as_target
 
         if isinstance(value, Path):
             return value

@@ -9,6 +9,12 @@ import click
 
 from onceq.cli.output import console, emit_json
 from onceq.errors import Conflict, QueueError
+from onceq.exercise.dirq_batch import consume_queue as consume
+from onceq.exercise.sample import sample_dir
+from onceq.ledger.target import open_ledger
+from onceq.sources.dirq.order import check_order
+from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.report import write_report
 
 MARKER = ".onceq-demo"
 
@@ -31,12 +37,6 @@ def demo(root: Path, as_json: bool) -> None:
       onceq demo                  # ./onceq-demo: expect done 18, error 2, 15 rows
       onceq demo --dir /tmp/d --json
     """
-    from onceq.exercise.dirq_batch import consume_queue as consume
-    from onceq.exercise.sample import sample_dir
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.order import check_order
-    from onceq.sources.dirq.queue import DirQueue
-    from onceq.sources.dirq.report import write_report
 
     if root.exists() and not (root / MARKER).exists():
         raise Conflict(f"{root}: exists and is not an onceq demo folder; choose --dir")

@@ -15,7 +15,10 @@ from onceq.cli.db_option import db_option
 from onceq.cli.dirq_results import DB_HELP, QDIR, READ_FLOW_HELP
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json, note_new_ledger
-from onceq.ledger.target import Target
+from onceq.errors import UsageError
+from onceq.ledger.target import Target, open_ledger
+from onceq.sources.dirq.dead import dead_files, replay_files, select
+from onceq.sources.dirq.queue import DirQueue
 
 
 @click.group()
@@ -48,9 +51,6 @@ def list_(qdir: Path, reason: str | None, db: Target | None, flow_name: str, as_
       onceq dirq dead list ./q
       onceq dirq dead list ./inv --flow invoices --reason http-503 --json
     """
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.dead import dead_files
-    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir).check()
     with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
@@ -104,7 +104,7 @@ def replay(
       onceq dirq replay ./q --reason parse
       onceq dirq replay ./inv --all --flow invoices --json
     """
-    from onceq.errors import UsageError
+    # start-up time: `onceq dirq lag` loads this module, not sqlite3
     from onceq.ledger.sqlite import check_flow_name
 
     chosen = [w for w, on in (("FILE", file is not None), ("--all", everything),
@@ -122,8 +122,6 @@ def replay(
 
 
 def _replay_one(qdir: Path, file: str, db: Target | None, flow_name: str, as_json: bool) -> None:
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir)
 
@@ -149,9 +147,6 @@ def _replay_many(
     flow_name: str,
     as_json: bool,
 ) -> None:
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.dead import replay_files, select
-    from onceq.sources.dirq.queue import DirQueue
 
     queue = DirQueue(qdir).check()
     # The reasons are the ledger's: a bulk replay reads it and never creates it.

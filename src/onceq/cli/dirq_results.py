@@ -15,7 +15,10 @@ import click
 from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json
-from onceq.ledger.target import Target
+from onceq.errors import NotFound, UsageError
+from onceq.ledger.target import Target, open_ledger
+from onceq.sources.dirq.files import write_atomic
+from onceq.sources.dirq.queue import DirQueue
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
 # the same in every command (click's own file_okay check would make a file exit 2).
@@ -55,8 +58,6 @@ def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def write_output(path: Path, text: str) -> Path:
     """Write a result file atomically (a reader never sees half of it)."""
-    from onceq.errors import NotFound, UsageError
-    from onceq.sources.dirq.files import write_atomic
 
     if not path.parent.is_dir():
         raise NotFound(f"{path.parent}: no such folder for {path.name}")
@@ -89,6 +90,7 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
     Example:
       onceq dirq schema ./q -o ./q/schema.csv
     """
+    # start-up time (both): `onceq dirq lag` loads this module, not asyncio or sqlite3
     from onceq.exercise.orders_0_1_0 import MessageSpec
     from onceq.sources.dirq.schema import schema_csv
 
@@ -143,10 +145,8 @@ def order_check(
       onceq dirq order-check ./q --sql my-check.sql --json
       onceq dirq order-check ./q --flow invoices
     """
-    from onceq.errors import UsageError
-    from onceq.ledger.target import open_ledger
+    # start-up time: `onceq dirq lag` loads this module, not sqlite3
     from onceq.sources.dirq.order import read_sql, render, run_check
-    from onceq.sources.dirq.queue import DirQueue
 
     if db is not None:
         path: Target = db
@@ -196,8 +196,7 @@ def report(qdir: Path, db: Target | None, flow_name: str, as_json: bool) -> None
     Example:
       onceq dirq report ./q && cat ./q/error.csv
     """
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.queue import DirQueue
+    # start-up time: `onceq dirq lag` loads this module, not sqlite3
     from onceq.sources.dirq.report import write_report
 
     queue = DirQueue(qdir).check()

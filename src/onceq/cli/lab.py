@@ -10,6 +10,9 @@ from pathlib import Path
 
 import click
 
+from onceq.exercise.lab import fileq as lab_fileq
+from onceq.exercise.lab import mq as lab_mq_module
+
 ROOT = click.Path(path_type=Path, file_okay=False)
 
 
@@ -44,7 +47,6 @@ def fileq(root: Path, fixtures: Path | None, no_run: bool, as_json: bool) -> Non
     Example:
       onceq lab fileq --root /tmp/x && cat /tmp/x/q/order-result.txt
     """
-    from onceq.exercise.lab import fileq as lab_fileq
 
     lab_fileq.run(root, fixtures=fixtures, no_run=no_run, as_json=as_json)
 
@@ -62,6 +64,5 @@ def lab_mq(root: Path) -> None:
     Example:
       onceq lab mq --root /tmp/x && python3 /tmp/x/eaimw/mq/topology.py
     """
-    from onceq.exercise.lab import mq as lab_mq_module
 
     lab_mq_module.run(root)

@@ -17,6 +17,14 @@ import click
 
 from onceq.cli.db_option import db_option
 from onceq.cli.output import console, emit_json
+from onceq.core.retry import parse_duration
+from onceq.errors import UsageError
+from onceq.flows.file import load_flows
+from onceq.ledger.retention import cutoff_of
+from onceq.ledger.retention import prune as prune_rows
+from onceq.ledger.retention import stats as ledger_stats
+from onceq.ledger.sqlite import check_flow_name
+from onceq.ledger.target import as_target, describe, open_ledger
 
 ENV_DB = "EAI_MQ_DB"
 CLEAR = "\r\x1b[2K"  # to column 0, erase the line
@@ -46,19 +54,14 @@ def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _resolve(db: Any, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
     """(the ledger's target, {flow: RetryPolicy} from the flow file); exit 2 when no
     ledger is named: a prune must never fall back on a default file."""
-    from onceq.errors import UsageError
 
     policies: dict[str, Any] = {}
     target: Any = db
     if flow_file is not None:
-        from onceq.flows.file import load_flows
-
         ff = load_flows(flow_file)
         policies = {f.name: f.retry_policy() for f in ff.flows}
         target = db or ff.ledger
     if not target and os.environ.get(ENV_DB):
-        from onceq.ledger.target import as_target
-
         target = as_target(os.environ[ENV_DB], ENV_DB)
     if not target:
         raise UsageError("no ledger named: give --db PATH|URL or --flows FILE (or set EAI_MQ_DB)")
@@ -66,8 +69,6 @@ def _resolve(db: Any, flow_file: Path | None) -> tuple[Any, dict[str, Any]]:
 
 
 def _open(target: Any, flow: str | None) -> Any:
-    from onceq.ledger.sqlite import check_flow_name
-    from onceq.ledger.target import open_ledger
 
     if flow is not None:
         check_flow_name(flow)
@@ -146,11 +147,6 @@ def prune(
       onceq ledger prune --older-than 30d --db postgresql://onceq@db.example/app
     """
     from datetime import UTC, datetime
-
-    from onceq.core.retry import parse_duration
-    from onceq.ledger.retention import cutoff_of
-    from onceq.ledger.retention import prune as prune_rows
-    from onceq.ledger.target import describe
 
     window = parse_duration(older_than, "--older-than")
     target, policies = _resolve(db, flow_file)
@@ -240,7 +236,6 @@ def stats(db: Any, flow_file: Path | None, as_json: bool) -> None:
       onceq ledger stats --db ./q/ledger.db
       onceq ledger stats --flows flows.toml --json
     """
-    from onceq.ledger.retention import stats as ledger_stats
 
     target, _ = _resolve(db, flow_file)
     with _open(target, None) as led:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,19 @@ from onceq.cli.mq_dead import dead
 from onceq.cli.mq_status import status
 from onceq.cli.output import console, emit_json
 from onceq.cli.retry_options import retry_from_values, retry_options
+from onceq.cli.run import load_or_exit
+from onceq.core.logs import setup as setup_logs
+from onceq.core.message import _split
+from onceq.core.retry import RetryPolicy
 from onceq.errors import Unroutable, UsageError
+from onceq.sources.amqp.plugin import RabbitSource
+from onceq.sources.amqp.publisher import check_target, load_messages
+from onceq.sources.amqp.publisher import publish as do_publish
+from onceq.sources.amqp.topology import Topology
+from onceq.sources.amqp.topology_declare import declare
+from onceq.sources.amqp.url import amqp_url, vhost_of
 
 JSON_HELP = "Print the outcome as JSON."
-# asyncio is imported inside the commands: every `onceq` command loads this module to
-# register its group, and asyncio (with ssl) costs ~20 ms of start-up on its own.
 
 
 @click.group()
@@ -122,12 +131,6 @@ def topology(
       onceq mq topology --retry-delays 1s,10s,1m
       onceq mq topology --flows flows.toml
     """
-    import asyncio
-
-    from onceq.core.retry import RetryPolicy
-    from onceq.sources.amqp.topology import Topology, declare
-    from onceq.sources.amqp.url import vhost_of
-
     policy = retry_from_values(retry_flags)
     if flow_file is not None:
         given = (queue, exchange, routing_key, dead_letter_exchange, dead_letter_queue)
@@ -170,11 +173,6 @@ def _flow_topologies(flow_file: Path) -> dict[str, list[Any]]:
 
     A flow without `url` uses EAI_AMQP_URL (the default broker), as `onceq run` does.
     """
-    from onceq.cli.run import load_or_exit
-    from onceq.core.logs import setup as setup_logs
-    from onceq.sources.amqp.plugin import RabbitSource
-    from onceq.sources.amqp.topology import Topology
-    from onceq.sources.amqp.url import amqp_url
 
     ff = load_or_exit(flow_file, ())
     setup_logs()
@@ -234,12 +232,6 @@ def publish(
       onceq mq publish claims/*.json --json
       onceq mq publish inv/*.json --exchange invoice --routing-key invoice --id-field invoiceId
     """
-    import asyncio
-
-    from onceq.core.message import _split
-    from onceq.sources.amqp.publisher import check_target, load_messages
-    from onceq.sources.amqp.publisher import publish as do_publish
-
     try:
         _split(id_field, "id_field")  # the consumer's rule for a path, so both sides agree
     except UsageError:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from onceq.cli.output import console, emit_json
+from onceq.cli.output import console, emit_json, fail
+from onceq.core.values import text
 from onceq.errors import NotFound
+from onceq.sources.amqp.dead_body import shown_body
 
 
 def print_list(report: Any) -> None:
     from rich.table import Table
     from rich.text import Text
-
-    from onceq.core.values import text
 
     out = console()
     if report.matched:
@@ -54,7 +54,6 @@ def print_list(report: Any) -> None:
 
 
 def print_change(report: Any, as_json: bool) -> None:
-    from onceq.cli.output import fail
 
     if as_json:
         emit_json(report.as_dict())
@@ -103,7 +102,6 @@ def change_summary(report: Any) -> str:
 def print_body(report: Any, msg_id: str, as_json: bool) -> None:
     """`show`: the body of the dead letter nearest the head with `msg_id`, on stdout as
     it is (a file to correct and replay with --body); notes on stderr."""
-    from onceq.sources.amqp.dead_body import shown_body
 
     q = report.topology.dead_letter_queue
     if not report.matched:

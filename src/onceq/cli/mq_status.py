@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import click
@@ -9,7 +10,11 @@ import click
 from onceq.cli.mq_consume import cli_url
 from onceq.cli.output import console, emit_json
 from onceq.cli.retry_options import retry_from_values, retry_options
+from onceq.core.retry import RetryPolicy
 from onceq.errors import UsageError
+from onceq.sources.amqp.depths import management_api, topology_queues
+from onceq.sources.amqp.status import read_status
+from onceq.sources.amqp.topology import Topology, name_problem
 
 JSON_HELP = "Print the outcome as JSON."
 
@@ -69,13 +74,6 @@ def status(
       onceq mq status --queue invoice.in --retry-delays 1m,10m
       EAI_RABBITMQ_API=http://monitor:secret@mq1:15672 onceq mq status
     """
-    import asyncio
-
-    from onceq.core.retry import RetryPolicy
-    from onceq.sources.amqp.depths import management_api, topology_queues
-    from onceq.sources.amqp.status import read_status
-    from onceq.sources.amqp.topology import Topology, name_problem
-
     policy = retry_from_values(retry_flags)
     names = Topology.from_options(
         queue,

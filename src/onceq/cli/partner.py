@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from onceq.cli.output import Seconds
+from onceq.errors import UsageError
+from onceq.exercise.partner import Claims, Invoices, run_stub
 
 
 @click.group()
@@ -73,7 +75,6 @@ def _down(
     down_for: float | None, down_as: str | None, retry_after: int | None
 ) -> tuple[str, float, int | None] | None:
     """The outage the options ask for (mode, seconds, retry_after), or None."""
-    from onceq.errors import UsageError
 
     if down_for is None:
         if down_as is not None or retry_after is not None:
@@ -109,7 +110,6 @@ def claim(
       curl -s http://127.0.0.1:9202/_stats
       onceq partner claim --port 9202 --down-for 12 --down-as 503 --retry-after 5
     """
-    from onceq.exercise.partner import Claims, run_stub
 
     run_stub(Claims, host, port, delay, _down(down_for, down_as, retry_after))
 
@@ -142,6 +142,5 @@ def invoices(
            -d '{"invoiceId": "INV-1", "customer": "ACME", "total": 120.5}'
       curl -s http://127.0.0.1:9300/_stats
     """
-    from onceq.exercise.partner import Invoices, run_stub
 
     run_stub(Invoices, host, port, delay, _down(down_for, down_as, retry_after))

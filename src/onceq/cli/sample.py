@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from onceq.cli.output import emit_json
+from onceq.exercise.sample import copy_sample
 
 
 @click.command()
@@ -28,7 +29,6 @@ def sample(dest: Path, as_json: bool) -> None:
       onceq dirq init ./q --from ./fixtures/orders
       onceq mq publish ./fixtures/claims/*.json
     """
-    from onceq.exercise.sample import copy_sample
 
     written = copy_sample(dest)
     if as_json:

@@ -8,8 +8,12 @@ from typing import Any
 import click
 
 from onceq.cli.db_option import db_option
-from onceq.cli.output import Seconds, emit_json
-from onceq.errors import NotFound
+from onceq.cli.output import Seconds, console, emit_json
+from onceq.cli.run import load_or_exit
+from onceq.core.logs import setup as setup_logs
+from onceq.errors import LedgerError, NotFound
+from onceq.ops.status import gather
+from onceq.ops.status_watch import Rates
 
 DEFAULT_FILE = "flows.toml"
 
@@ -80,8 +84,6 @@ def status(
       onceq status --db ./q/ledger.db       # every flow of a ledger
       onceq status flows.toml --watch --interval 5
     """
-    from onceq.core.logs import setup as setup_logs
-    from onceq.ops.status import gather
 
     # One masked stderr handler, aiormq's connection tracebacks quiet: a broker that is
     # down is the flow's queue_error in the view, said once, not a log line per try.
@@ -92,8 +94,6 @@ def status(
     def read() -> dict[str, Any]:
         doc = gather(flows, target, api=management_api, names=only)
         if doc["ledger"].get("error") and not doc["flows"]:
-            from onceq.errors import LedgerError
-
             raise LedgerError(doc["ledger"]["error"])
         return doc
 
@@ -104,7 +104,6 @@ def status(
     if as_json:
         emit_json(doc)
         return
-    from onceq.cli.output import console
 
     console().print(_view(doc, None))
 
@@ -112,7 +111,6 @@ def status(
 def _flows_and_ledger(
     file: Path | None, names: tuple[str, ...], db: Any
 ) -> tuple[list[Any] | None, Any]:
-    from onceq.cli.run import load_or_exit
 
     if file is None and db is None:
         file = Path(DEFAULT_FILE)
@@ -141,8 +139,6 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
     """
     import signal
     import threading
-
-    from onceq.ops.status_watch import Rates
 
     stop = threading.Event()
     code = 0
@@ -173,8 +169,6 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
 
 def _watch_live(read: Any, interval: float, rates: Any, stop: Any) -> None:
     from rich.live import Live
-
-    from onceq.cli.output import console
 
     doc = read()
     with Live(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from onceq.core.consumer import Outcome
 from onceq.core.message import CONTROL_CHARS
 from onceq.core.transport import Delivery
-from onceq.exercise.presets import CLAIMS, CLAIMS_PATH
+from onceq.exercise.presets import CLAIMS, CLAIMS_PATH, check_claim_url
 
 __all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "check_claim_url", "decode"]
 
@@ -20,10 +20,3 @@ __all__ = ["CLAIMS_PATH", "CONTROL_CHARS", "check_claim_url", "decode"]
 def decode(delivery: Delivery) -> Outcome:
     """Set delivery.msg_id from the message_id property (else the body's guid)."""
     return CLAIMS.decode(delivery)
-
-
-def check_claim_url(url: str) -> str:
-    """The claim system's base URL, without a trailing slash; UsageError if unusable."""
-    from onceq.sources.amqp.url import check_url
-
-    return check_url(url, "--claim ", ("http", "https"), "a claim system's port").rstrip("/")

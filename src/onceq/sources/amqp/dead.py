@@ -57,7 +57,7 @@ from onceq.sources.amqp.dead_letter import (
 )
 from onceq.sources.amqp.topology import QUEUE, Topology
 from onceq.sources.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly, connect
-from onceq.sources.amqp.wire import verdict
+from onceq.sources.amqp.wire import install, verdict
 
 # Dead letters got per round: their ledger rows are read in one query and, for a
 # replay, their resets written in one transaction (one fsync per batch, not per letter).
@@ -83,7 +83,6 @@ class DeadQueue:
         self._pub: Any = None
 
     async def __aenter__(self) -> DeadQueue:
-        from onceq.sources.amqp.wire import install
 
         # A dead letter whose properties are malformed (dead-lettered for them: the
         # broker's copy carries them too) must be listed, not drop the connection.

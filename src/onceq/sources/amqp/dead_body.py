@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from onceq.errors import BadMessage, UsageError
+from onceq.sources.amqp.publisher import load_message
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,6 @@ def load_body(path: Path, id_field: str | None, msg_id: str) -> NewBody:
     A missing file is NotFound (exit 3); one that is unreadable, not a JSON object, has
     no usable id or another id is BadMessage (exit 5), as `onceq mq publish` says.
     """
-    from onceq.sources.amqp.publisher import load_message
 
     if id_field is None:
         raise UsageError(

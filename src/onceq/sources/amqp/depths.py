@@ -36,6 +36,7 @@ from typing import Any
 from onceq.core.redact import redact_text
 from onceq.errors import OnceqError
 from onceq.sources.amqp.management import ManagementApi, management_api
+from onceq.sources.amqp.topology import Topology
 from onceq.sources.amqp.url import boundary, close_quietly, connect, vhost_of
 
 __all__ = [
@@ -70,7 +71,6 @@ Depths = dict[str, QueueDepth | None]
 def flow_queues(flow: Any) -> list[tuple[str, str]]:
     """[(state, queue)] of a rabbitmq flow: ("ready", its work queue), ("retry", each
     tier), ("dead", its dead-letter queue) — the names `mq topology` declares for it."""
-    from onceq.sources.amqp.topology import Topology
 
     return topology_queues(Topology.for_flow(flow))
 

@@ -48,7 +48,8 @@ from onceq.sources.amqp.topology_types import (
     work_arguments,
 )
 
-# Re-exported: every caller keeps importing the names from here.
+# Re-exported: every caller keeps importing the names from here (declaring them on the
+# broker is topology_declare, which imports Topology: not re-exported, no cycle).
 __all__ = [
     "BINDINGS",
     "DEAD_KEY",
@@ -66,10 +67,8 @@ __all__ = [
     "Exchange",
     "Queue",
     "Topology",
-    "declare",
     "name_problem",
     "option_label",
-    "plan",
     "stem_of",
 ]
 
@@ -344,7 +343,3 @@ _CLAIMS_OBJECTS = Topology.claims().objects()
 EXCHANGES = tuple(o for o in _CLAIMS_OBJECTS[0] if isinstance(o, Exchange))
 QUEUES = tuple(o for o in _CLAIMS_OBJECTS[0] if isinstance(o, Queue))
 BINDINGS = tuple(_CLAIMS_OBJECTS[1])
-
-
-# The broker side lives in topology_declare; imported last because it imports Topology.
-from onceq.sources.amqp.topology_declare import declare, plan  # noqa: E402

@@ -25,10 +25,8 @@ Reliability choices, each for a reason:
 Who consumes (the consumer's registration, the `--until-empty` drain check
 and the breaker's pause / probe / resume) is `onceq.sources.amqp.control`.
 
-Settles: ACK = ack; REQUEUE and RELEASE = reject(requeue=True) (RELEASE: never
-tried, the breaker is open); DEAD = reject(requeue=False) to the dead-letter
-exchange; DELAY = a confirmed copy into the tier queue of that delay, then the
-ack (onceq.sources.amqp.retry: why that order, and what a failed publish does).
+How a delivery is settled (ack, reject, a confirmed copy into a retry tier) is
+`onceq.sources.amqp.settle`.
 
 """
 
@@ -41,18 +39,16 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from onceq.core import faults
 from onceq.core.retry import DEFAULT_DELAYS, delay_label
-from onceq.core.transport import SETTLE_VERBS, Delivery, Settle
+from onceq.core.transport import Delivery
 from onceq.errors import NotFound, redact_url
 from onceq.sources.amqp.channel_watch import ChannelWatch
 from onceq.sources.amqp.control import ConsumerControl
-from onceq.sources.amqp.copy_cause import Failure, words
 from onceq.sources.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
-from onceq.sources.amqp.retry import publish_copy
+from onceq.sources.amqp.settle import Settling
 from onceq.sources.amqp.topology import QUEUE, Topology
 from onceq.sources.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
-from onceq.sources.amqp.wire import verdict
+from onceq.sources.amqp.wire import install, verdict
 
 log = logging.getLogger("onceq.amqp.transport")  # the name in every log line: kept across moves
 
@@ -72,7 +68,7 @@ COPY_HEADER = "x-onceq-copy"
 _END = object()
 
 
-class AmqpTransport(ConsumerControl):
+class AmqpTransport(ConsumerControl, Settling):
     """Deliveries from one queue through one robust channel with prefetch `prefetch`."""
 
     def __init__(
@@ -135,10 +131,8 @@ class AmqpTransport(ConsumerControl):
         Split from `start` so the caller can open the ledger in between: a run the
         broker refuses (down, no queue) then leaves no ledger file behind.
         """
-        import aio_pika
+        import aio_pika  # start-up time: `onceq --help` never loads aio-pika
         from aio_pika.connection import make_url
-
-        from onceq.sources.amqp.wire import install
 
         # A property or header pamqp cannot decode (a message_id or a header name that
         # is not UTF-8 …) would otherwise drop the connection on every redelivery of
@@ -328,83 +322,6 @@ class AmqpTransport(ConsumerControl):
             await asyncio.wait_for(self._queue.cancel(tag), CONNECT_TIMEOUT)
         except Exception as exc:  # a dead channel has no consumer left to cancel
             log.info("consumer cancel: %s", type(exc).__name__, extra={"event": "cancel-failed"})
-
-    async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
-        # DELAY: every copy of the group is published (confirms awaited together), and
-        # only then is any original acked: never acked before its copy is confirmed.
-        delays = [d for d, decision, _ in group if decision is Settle.DELAY]
-        failed: dict[int, Failure] = {}
-        if delays:
-            results = await asyncio.gather(*(self._publish_copy(d) for d in delays))
-            failed = {id(d): why for d, why in zip(delays, results, strict=True) if why}
-            self.delayed += len(delays) - len(failed)
-            faults.hit("after-delay-publish")  # copies confirmed, originals not yet acked
-        for delivery, decision, _reason in group:
-            await self._settle_one(delivery, decision, failed.get(id(delivery)))
-
-    async def _publish_copy(self, delivery: Delivery) -> Failure | None:
-        queue = self.tiers.get(delay_label(delivery.delay))
-        if queue is None:  # a policy the transport was not opened with: a bug, not data
-            return Failure("no-tier")
-        return await publish_copy(delivery, queue)
-
-    async def _settle_one(
-        self, delivery: Delivery, decision: Settle, failed: Failure | None
-    ) -> None:
-        import aio_pika.exceptions as pe
-        import aiormq.exceptions as ae
-
-        message = delivery.token
-        try:
-            if decision is Settle.ACK or (decision is Settle.DELAY and failed is None):
-                await message.ack()
-            elif decision is Settle.DEAD:
-                # The queue's dead-letter exchange takes it (claims: eai.dlx).
-                await message.reject(requeue=False)
-            else:  # REQUEUE, RELEASE (untried), or a DELAY whose copy was not confirmed
-                if failed is not None:
-                    tier = self.tiers.get(delay_label(delivery.delay), "?")
-                    log.warning(
-                        "%s (message_id %s): its copy for the %gs retry queue %s was not"
-                        " confirmed: %s; given back to %s instead",
-                        delivery.ref,
-                        delivery.msg_id,
-                        delivery.delay,
-                        tier,
-                        words(failed, queue=tier, fix=self.topology_command()),
-                        self.queue_name,
-                        extra={
-                            "event": "retry-copy-unconfirmed",
-                            "msg_id": delivery.msg_id,
-                            "cause": failed.cause,
-                        },
-                    )
-                await message.reject(requeue=True)
-            faults.hit("mid-settle")  # acks go one by one: some of the group are sent
-        except (
-            ae.AMQPError,
-            ae.ChannelInvalidStateError,
-            pe.MessageProcessError,
-            ConnectionError,
-            TimeoutError,
-        ) as exc:
-            self.unsettled += 1
-            log.warning(
-                "%s (message_id %s): could not %s, its channel is gone (%s);"
-                " the broker redelivers it and the ledger knows its outcome",
-                delivery.ref,
-                delivery.msg_id,
-                # A DELAY whose copy was not confirmed was a requeue.
-                SETTLE_VERBS[Settle.REQUEUE if decision is Settle.DELAY and failed else decision],
-                type(exc).__name__,
-                extra={"event": "settle-lost", "msg_id": delivery.msg_id},
-            )
-        finally:
-            # Sent (awaited: its frame is out before any later method on this
-            # channel, such as the drain check's declare) or lost with its channel:
-            # either way no longer ours to settle.
-            self._held -= 1
-            self._changed.set()
 
     async def close(self) -> None:
         """Close channel and connection; anything unsettled returns to the queue."""

@@ -29,8 +29,8 @@ from typing import Any
 
 from onceq.core.message import MessageSpec
 from onceq.core.transport import Delivery, Kind
-from onceq.exercise.presets import ORDERS
 from onceq.sources.dirq.files import is_message_name
+from onceq.sources.dirq.orders import ORDERS
 from onceq.sources.dirq.queue import DirQueue
 
 HEADER = ("field", "type", "role")

@@ -41,9 +41,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from onceq.core import faults
+from onceq.core.message import DEFAULT_MAX_BYTES
 from onceq.core.transport import Delivery, Settle
 from onceq.errors import QueueError
-from onceq.exercise.orders_0_1_0 import DEFAULT_MAX_BYTES
 from onceq.sources.dirq import retry_area
 from onceq.sources.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.sources.dirq.queue import FOLDERS, DirQueue

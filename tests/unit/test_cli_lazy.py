@@ -1,0 +1,46 @@
+"""The top-level commands are imported only when run; `onceq --help` lists them unloaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+
+from onceq.cli import COMMANDS, app
+from onceq.cli.lazy import LazyGroup
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_kept_sentence_is_the_one_its_command_help_starts_with(name: str) -> None:
+    module, attribute, summary = COMMANDS[name]
+    assert isinstance(app, LazyGroup)
+    cmd = app.load(name)
+    assert cmd.name == name and not cmd.hidden
+    assert (cmd.callback.__module__, cmd.callback.__name__) == (module, attribute)
+    # What `onceq --help` shows once loaded, at any width, is what it showed unloaded.
+    for limit in (10**6, 74, 40):
+        assert click.Command(name, help=summary).get_short_help_str(limit) == (
+            cmd.get_short_help_str(limit)
+        )
+
+
+def test_help_imports_no_command_and_neither_asyncio_nor_sqlite() -> None:
+    code = (
+        "import sys\nfrom onceq.cli import main\ntry:\n    main(['--help'])\n"
+        "except SystemExit:\n    pass\n"
+        "print(' '.join(sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.splitlines()[-1].split())
+    assert "Commands:" in out.stdout
+    assert loaded & {module for module, _, _ in COMMANDS.values()} == set()
+    assert loaded & {"asyncio", "sqlite3", "aio_pika", "aiormq", "rich", "psycopg"} == set()
+
+
+def test_a_mistyped_command_is_still_matched_against_every_name() -> None:
+    group = LazyGroup("g", lazy={"dirq": ("onceq.cli.dirq", "dirq", "A queue.")})
+    with pytest.raises(click.exceptions.NoSuchCommand) as info:
+        group.resolve_command(click.Context(group), ["dirk"])
+    assert info.value.possibilities == ["dirq"]
