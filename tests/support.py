@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import sqlite3
@@ -11,6 +10,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from cli_support import run_here
 
 BROKER = ("127.0.0.1", 5672)
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "exercise" / "sample"
@@ -120,24 +121,5 @@ def plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def in_process(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run `onceq ARGS` through its real entry point in this process: (exit code, output)."""
-    from click.testing import CliRunner
-
-    from onceq.cli import main
-
-    # The run installs its own log handler on the captured stderr (so log lines are in
-    # the output checked) and quietens aiormq; the test process's logging is put back.
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
-    with CliRunner().isolation(env=env) as (out, err, _):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        text = out.getvalue().decode("utf-8", "replace") + err.getvalue().decode("utf-8", "replace")
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    return code, text
+    code, stdout, stderr = run_here(args, env)
+    return code, stdout + stderr

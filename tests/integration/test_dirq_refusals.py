@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from onceq.exercise.processed_table import PROCESSED_TABLE
 from onceq.ledger.sqlite import Ledger
-from support import SAMPLE, open_db, run_cli, snapshot
+from support import SAMPLE, open_db, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
 # source and ref columns, no duplicates/failures tables.
@@ -37,7 +38,7 @@ def _one_line(r: subprocess.CompletedProcess[str], *words: str) -> None:
 
 def _sample_queue(tmp_path: Path) -> Path:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
     return q
 
 
@@ -56,7 +57,7 @@ def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: 
         conn.executescript(OLD_SCHEMA)
     before = snapshot(q)
     for args in (("consume",), ("consume", "--workers", "2"), ("report",), ("order-check",)):
-        r = run_cli("dirq", *args, str(q))
+        r = invoke("dirq", *args, str(q))
         assert r.returncode == 8, (args, r.stdout, r.stderr)
         _one_line(r, "ledger.db", "processed.source")
         assert snapshot(q) == before, args
@@ -69,10 +70,10 @@ def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
     text.write_text("not a database, just notes\n" * 10)
     before = snapshot(tmp_path)
     for db in (empty, text):
-        r = run_cli("dirq", "order-check", "--db", str(db))
+        r = invoke("dirq", "order-check", "--db", str(db))
         assert r.returncode == 8, r.stderr
         _one_line(r, db.name)
-        r = run_cli("dirq", "report", str(q), "--db", str(db))
+        r = invoke("dirq", "report", str(q), "--db", str(db))
         assert r.returncode == 8, r.stderr
         _one_line(r, db.name)
     # Before: opening the empty file turned it into a WAL database (4 KiB, -wal, -shm).
@@ -93,8 +94,8 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
         "d.json": _msg("m3", 3),
     }.items():
         (src / name).write_bytes(body)
-    assert run_cli("dirq", "init", str(q), "--from", str(src)).returncode == 0
-    assert run_cli("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
+    assert invoke("dirq", "init", str(q), "--from", str(src)).returncode == 0
+    assert invoke("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
     for name in ("a.json", "b.json", "c.json", "d.json"):
         os.rename(q / "done" / name, q / "inbox" / name)
     with open_db(q / "ledger.db") as conn:
@@ -104,7 +105,7 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
             "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
             " BEGIN SELECT RAISE(ABORT, 'negative amount'); END"
         )
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["processed"], out["duplicates"], out["reasons"]) == (2, 1, {"ledger-refused": 1})
@@ -129,13 +130,13 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
             " BEGIN INSERT INTO audit VALUES (NEW.msg_id); END"
         )
         conn.execute("DROP TABLE audit")
-    r = run_cli("dirq", "consume", str(q))
+    r = invoke("dirq", "consume", str(q))
     assert r.returncode == 8, r.stderr
     _one_line(r, "ledger.db", "audit")
     assert os.listdir(q / "error") == [] and os.listdir(q / "done") == []
     with open_db(q / "ledger.db") as conn:
         conn.execute("DROP TRIGGER audit_it")
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
     assert os.listdir(q / "processing") == []
@@ -183,7 +184,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
         assert snapshot(q) == before
     finally:
         target.chmod(0o755)
-    assert run_cli("dirq", "consume", str(q), "--db", str(db)).returncode == 0
+    assert invoke("dirq", "consume", str(q), "--db", str(db)).returncode == 0
     assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
 
 
@@ -198,7 +199,7 @@ def test_a_file_the_consumer_may_not_read_is_quarantined_not_fatal(
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["reasons"] == {"missing-field": 1, "parse": 1, "unreadable": 1}
     assert "msg-001.json" in os.listdir(q / "error")
-    assert run_cli("dirq", "report", str(q)).returncode == 0
+    assert invoke("dirq", "report", str(q)).returncode == 0
     assert "msg-001.json,unreadable\n" in (q / "error.csv").read_text()
 
 
@@ -271,7 +272,7 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
     tmp_path: Path, no_root_override: list[str]
 ) -> None:
     (tmp_path / "afile").write_text("x")
-    r = run_cli("dirq", "init", str(tmp_path / "afile" / "q"))
+    r = invoke("dirq", "init", str(tmp_path / "afile" / "q"))
     assert r.returncode == 9, r.stderr  # QueueError
     _one_line(r, "afile")
     ro = tmp_path / "ro"
@@ -287,7 +288,7 @@ def test_a_required_list_with_no_field_names_the_option(tmp_path: Path) -> None:
     q = _sample_queue(tmp_path)
     before = snapshot(q)
     for command in ("consume", "schema"):
-        r = run_cli("dirq", command, str(q), "--required", " , ")
+        r = invoke("dirq", command, str(q), "--required", " , ")
         assert r.returncode == 2, r.stderr
         _one_line(r, "--required", "names no field")
     assert snapshot(q) == before
