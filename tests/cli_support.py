@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import click.formatting
 from click.testing import CliRunner
 
 _QUIETENED = ("aiormq", "aio_pika")  # onceq.core.logs.setup sets their levels
@@ -53,6 +54,24 @@ def _fresh_process_state() -> Iterator[None]:
         output._console = output._err_console = None
 
 
+def _forks(args: list[str]) -> bool:
+    """`--workers N` with N > 1: the run forks, and a fork of the test process is no user's."""
+    for i, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith("--workers=") else ""
+        if arg == "--workers" and i + 1 < len(args):
+            value = args[i + 1]
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def _help_width(env: dict[str, str] | None) -> int:
+    """The width click wraps help at in a process whose stdout is a pipe: 80 columns
+    (or $COLUMNS) less 2, at least 50 (click.formatting.HelpFormatter)."""
+    columns = {**os.environ, **(env or {})}.get("COLUMNS", "")
+    return max(min(int(columns) if columns.isdigit() else 80, 80) - 2, 50)
+
+
 def run_here(
     args: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None
 ) -> tuple[int, str, str]:
@@ -63,11 +82,14 @@ def run_here(
     """
     from onceq.cli import main
 
+    assert not _forks(args), f"{args}: --workers forks; run it in a process of its own (run_cli)"
     with (
         _fresh_process_state(),
         contextlib.chdir(cwd if cwd is not None else os.getcwd()),
         CliRunner().isolation(env=env or {}) as (out, err, _),
     ):
+        # isolation forces 80 columns; a process on a pipe wraps help 2 narrower.
+        click.formatting.FORCED_WIDTH = _help_width(env)  # isolation puts it back
         try:
             main(args)
             code = 0

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import run_cli
+from cli_support import invoke
 
 
 @dataclass
@@ -123,7 +123,7 @@ def scripted_partner(**kw: object) -> Iterator[ScriptedPartner]:
 def make_queue(root: Path, ids: list[str], name: str = "q") -> Path:
     """A queue whose inbox holds one {"id": …} file per id (m-<id>.json)."""
     q = root / name
-    r = run_cli("dirq", "init", str(q))
+    r = invoke("dirq", "init", str(q))
     assert r.returncode == 0, r.stderr
     for i in ids:
         (q / "inbox" / f"m-{i}.json").write_text(json.dumps({"id": i}))

@@ -17,7 +17,7 @@ import pytest
 from cli_support import invoke
 from mq_support import EXERCISE, claim_doc, cli, partner, publish, topology, write_claims
 from pg_cli import SECRET, assert_no_leak, with_secret
-from support import SAMPLE
+from support import SAMPLE, run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -96,8 +96,9 @@ def test_order_check_on_postgresql_finds_the_gaps_sqlite_finds(tmp_path: Path, p
 
 def test_dirq_workers_share_one_postgresql_ledger(tmp_path: Path, pg_url: str) -> None:
     q = _queue(tmp_path)
+    # --workers forks: a process of its own, not a fork of the test's.
     stats = json.loads(
-        _ok(invoke("dirq", "consume", str(q), "--db", with_secret(pg_url), "--workers", "2",
+        _ok(run_cli("dirq", "consume", str(q), "--db", with_secret(pg_url), "--workers", "2",
                     "--json"))
     )  # fmt: skip
     assert (stats["processed"], stats["duplicates"], stats["quarantined"]) == (15, 3, 2)

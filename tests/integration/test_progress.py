@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from mq_support import CLAIMS, EXERCISE, partner, publish, topology
 from support import SAMPLE, run_cli
 
@@ -54,7 +55,7 @@ def run_in_pty(
 
 def _queue(tmp_path: Path) -> Path:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
     return q
 
 
