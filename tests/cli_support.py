@@ -25,6 +25,8 @@ from pathlib import Path
 import click.formatting
 from click.testing import CliRunner
 
+from support import SAMPLE
+
 _QUIETENED = ("aiormq", "aio_pika")  # onceq.core.logs.setup sets their levels
 
 
@@ -114,3 +116,15 @@ def invoke(
     del timeout
     code, stdout, stderr = run_here(list(args), env, cwd)
     return subprocess.CompletedProcess(["onceq", *args], code, stdout, stderr)
+
+
+def init_queue(q: Path, source: Path | None = None) -> Path:
+    """`onceq dirq init Q [--from SOURCE]`, asserted to succeed: the queue folder Q."""
+    r = invoke("dirq", "init", str(q), *(("--from", str(source)) if source is not None else ()))
+    assert r.returncode == 0, r.stderr
+    return q
+
+
+def sample_queue(root: Path, source: Path = SAMPLE) -> Path:
+    """ROOT/q, a queue folder holding the sample's messages (or SOURCE's)."""
+    return init_queue(root / "q", source)

@@ -11,8 +11,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from cli_support import run_here
-
 BROKER = ("127.0.0.1", 5672)
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "exercise" / "sample"
 
@@ -121,5 +119,7 @@ def plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def in_process(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run `onceq ARGS` through its real entry point in this process: (exit code, output)."""
+    from cli_support import run_here  # cli_support imports this module
+
     code, stdout, stderr = run_here(args, env)
     return code, stdout + stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import invoke
+from cli_support import init_queue, invoke
 from mq_support import (
     CLAIMS,
     EXERCISE,
@@ -29,12 +29,6 @@ from mq_support import (
 from support import SAMPLE, plain_env, run_cli, snapshot
 
 # --- 1. one exit code per situation ---------------------------------------------------
-
-
-def _queue(root: Path, source: Path = SAMPLE) -> Path:
-    r = invoke("dirq", "init", str(root), "--from", str(source))
-    assert r.returncode == 0, r.stderr
-    return root
 
 
 # Each case: (what is missing, argv built from (tmp_path, an existing queue)).
@@ -100,7 +94,7 @@ def test_anything_missing_is_exit_3_in_one_line_and_changes_nothing(
     case: str, tmp_path: Path
 ) -> None:
     name, argv = MISSING[case]
-    q = _queue(tmp_path / "q")
+    q = init_queue(tmp_path / "q", SAMPLE)
     before = snapshot(tmp_path)
     # The broker URL points nowhere: a refusal must come before any connection.
     r = invoke(*argv(tmp_path, q), env={"EAI_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/"})
@@ -112,7 +106,7 @@ def test_anything_missing_is_exit_3_in_one_line_and_changes_nothing(
 
 
 def test_lag_keeps_its_monitor_contract_2_for_a_missing_folder(tmp_path: Path) -> None:
-    for path in (tmp_path / "none", _queue(tmp_path / "q") / "inbox" / "msg-001.json"):
+    for path in (tmp_path / "none", init_queue(tmp_path / "q", SAMPLE) / "inbox" / "msg-001.json"):
         r = invoke("dirq", "lag", str(path), "5")
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.splitlines()) == 1 and str(path) in r.stderr
@@ -196,7 +190,7 @@ def _bad_files(folder: Path, n: int) -> Path:
 
 def test_a_dirq_run_where_every_message_failed_says_so_first(tmp_path: Path) -> None:
     src = _bad_files(tmp_path / "bad", 3)
-    q1, q2 = _queue(tmp_path / "q1", src), _queue(tmp_path / "q2", src)
+    q1, q2 = init_queue(tmp_path / "q1", src), init_queue(tmp_path / "q2", src)
     human = invoke("dirq", "consume", str(q1))
     assert human.returncode == 0, human.stderr
     lines = human.stdout.splitlines()
@@ -209,7 +203,7 @@ def test_a_dirq_run_where_every_message_failed_says_so_first(tmp_path: Path) -> 
 def test_a_dirq_run_with_one_success_is_not_all_failed(tmp_path: Path) -> None:
     src = _bad_files(tmp_path / "bad", 3)
     shutil.copy(SAMPLE / "msg-001.json", src)
-    q1, q2 = _queue(tmp_path / "q1", src), _queue(tmp_path / "q2", src)
+    q1, q2 = init_queue(tmp_path / "q1", src), init_queue(tmp_path / "q2", src)
     assert "every message failed" not in invoke("dirq", "consume", str(q1)).stdout
     assert json.loads(invoke("dirq", "consume", str(q2), "--json").stdout)["all_failed"] is False
 
@@ -251,7 +245,7 @@ def _long_dir(tmp_path: Path) -> Path:
 
 def test_piped_output_has_no_blank_first_line_and_no_wrapped_path(tmp_path: Path) -> None:
     long = _long_dir(tmp_path)
-    q = _queue(long)
+    q = init_queue(long, SAMPLE)
     demo, lab = long / "demo", long / "lab"
     outputs = {
         "dirq consume": run_cli("dirq", "consume", str(q)),
@@ -348,7 +342,7 @@ def _check_same_words(human: str, summary: dict) -> None:
 
 
 def test_dirq_json_and_human_use_the_same_words(tmp_path: Path) -> None:
-    q1, q2 = _queue(tmp_path / "q1"), _queue(tmp_path / "q2")
+    q1, q2 = init_queue(tmp_path / "q1", SAMPLE), init_queue(tmp_path / "q2", SAMPLE)
     human = invoke("dirq", "consume", str(q1)).stdout.splitlines()[-1]
     summary = json.loads(invoke("dirq", "consume", str(q2), "--json").stdout)
     assert "dead" not in summary  # a directory queue quarantines; one word for it

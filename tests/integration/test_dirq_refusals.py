@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import invoke
+from cli_support import invoke, sample_queue
 from onceq.exercise.processed_table import PROCESSED_TABLE
 from onceq.ledger.sqlite import Ledger
-from support import SAMPLE, open_db, run_cli, snapshot
+from support import open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
 # source and ref columns, no duplicates/failures tables.
@@ -36,12 +36,6 @@ def _one_line(r: subprocess.CompletedProcess[str], *words: str) -> None:
         assert w in lines[0], (w, r.stderr)
 
 
-def _sample_queue(tmp_path: Path) -> Path:
-    q = tmp_path / "q"
-    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
-    return q
-
-
 def _msg(msg_id: str, seq: int, amount: float = 1.0) -> bytes:
     return json.dumps({"msg_id": msg_id, "order_no": "A", "seq": seq, "amount": amount}).encode()
 
@@ -52,7 +46,7 @@ def _msg(msg_id: str, seq: int, amount: float = 1.0) -> bytes:
 def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: Path) -> None:
     # Before: every insert failed on the missing columns and each good message was
     # quarantined to error/ as "ledger-refused"; report died with a traceback.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     with open_db(q / "ledger.db") as conn:
         conn.executescript(OLD_SCHEMA)
     before = snapshot(q)
@@ -65,7 +59,7 @@ def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: 
 
 
 def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     empty, text = tmp_path / "empty.db", tmp_path / "notes.db"
     empty.write_bytes(b"")
     text.write_text("not a database, just notes\n" * 10)
@@ -122,7 +116,7 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     # A broken rule in the ledger (a trigger writing to a table that is gone) is the
     # ledger's fault, not the message's: before, every good message went to error/
     # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     Ledger(q / "ledger.db", sql=PROCESSED_TABLE).close()  # the orders preset's tables
     with open_db(q / "ledger.db") as conn:
         conn.execute("CREATE TABLE audit (msg_id TEXT)")
@@ -172,7 +166,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
 ) -> None:
     # Before: a read-only done/ ended the run at the first move with a traceback;
     # with --workers each worker's error came back as a RuntimeError traceback.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     db = tmp_path / "ledger.db"  # beside the queue: a read-only QDIR still opens it
     Ledger(db).close()
     target = q / folder
@@ -194,7 +188,7 @@ def test_a_file_the_consumer_may_not_read_is_quarantined_not_fatal(
 ) -> None:
     # Before: PermissionError from the read ended the run with a traceback, and every
     # later run stopped at the same file (a poison message by its mode).
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     (q / "inbox" / "msg-001.json").chmod(0)
     r = _cli(no_root_override, "dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
@@ -286,7 +280,7 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
 
 
 def test_a_required_list_with_no_field_names_the_option(tmp_path: Path) -> None:
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     before = snapshot(q)
     for command in ("consume", "schema"):
         r = invoke("dirq", command, str(q), "--required", " , ")

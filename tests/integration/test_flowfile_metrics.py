@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import invoke
-from support import SAMPLE, free_port
+from cli_support import invoke, sample_queue
+from support import free_port
 
 FLOWS = """\
 ledger = "./ledger.db"
@@ -19,13 +19,6 @@ ledger = "./ledger.db"
 source = "dirq"
 path = "./q"
 """
-
-
-def _queue(tmp: Path) -> Path:
-    q = tmp / "q"
-    r = invoke("dirq", "init", str(q), "--from", str(SAMPLE))
-    assert r.returncode == 0, r.stderr
-    return q
 
 
 @pytest.fixture
@@ -49,7 +42,7 @@ def held_port() -> Iterator[int]:
 def test_a_metrics_mistake_is_one_line_and_nothing_runs(
     tmp_path: Path, table: str, line: str
 ) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     before = sorted(p.name for p in (q / "inbox").iterdir())
     f = tmp_path / "flows.toml"
     # A top-level key must come before the first table; a table may come anywhere.
@@ -64,7 +57,7 @@ def test_a_metrics_mistake_is_one_line_and_nothing_runs(
 
 
 def test_the_files_port_in_use_refuses_the_run(tmp_path: Path, held_port: int) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     f = tmp_path / "flows.toml"
     f.write_text(FLOWS + f"\n[metrics]\nport = {held_port}\n")
     r = invoke("run", str(f), "--until-empty")
@@ -75,7 +68,7 @@ def test_the_files_port_in_use_refuses_the_run(tmp_path: Path, held_port: int) -
 
 
 def test_a_flag_overrides_the_files_port_and_host(tmp_path: Path, held_port: int) -> None:
-    _queue(tmp_path)
+    sample_queue(tmp_path)
     f = tmp_path / "flows.toml"
     # The file's port is taken and its host is no address of this machine: the flags win.
     f.write_text(FLOWS + f'\n[metrics]\nport = {held_port}\nhost = "192.0.2.1"\n')

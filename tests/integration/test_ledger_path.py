@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import invoke
+from cli_support import invoke, sample_queue
 from mq_support import EXERCISE, claim_doc, cli, publish, queues, topology, write_claims
-from support import SAMPLE, run_cli, snapshot
+from support import run_cli, snapshot
 
 NOTE = "no message seen before"
-
-
-def _queue(tmp_path: Path) -> Path:
-    q = tmp_path / "q"
-    r = invoke("dirq", "init", str(q), "--from", str(SAMPLE))
-    assert r.returncode == 0, r.stderr
-    return q
 
 
 def _refused(r: object, folder: Path) -> None:
@@ -36,7 +29,7 @@ def _refused(r: object, folder: Path) -> None:
 
 
 def test_dirq_consume_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     typo = tmp_path / "ledgers-typo" / "deep"
     before = snapshot(tmp_path)
     for args in ((), ("--workers", "2"), ("--json",)):
@@ -50,7 +43,7 @@ def test_dirq_consume_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) 
 
 
 def test_dirq_replay_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     assert invoke("dirq", "consume", str(q)).returncode == 0
     bad = sorted(p.name for p in (q / "error").iterdir())[0]
     before = snapshot(tmp_path)
@@ -60,7 +53,7 @@ def test_dirq_replay_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) -
 
 
 def test_a_new_ledger_is_announced_once_and_stdout_stays_json(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     db = tmp_path / "ledger.db"  # its folder exists: a new ledger may be made there
     r = invoke("dirq", "consume", str(q), "--db", str(db), "--json")
     assert r.returncode == 0, r.stderr
@@ -74,7 +67,7 @@ def test_a_new_ledger_is_announced_once_and_stdout_stays_json(tmp_path: Path) ->
 
 
 def test_the_default_ledger_beside_the_queue_is_made_and_announced(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     r = run_cli("dirq", "consume", str(q), "--workers", "2")  # forks: a process of its own
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(NOTE) == 1 and f"new ledger at {q / 'ledger.db'}" in r.stderr
@@ -84,7 +77,7 @@ def test_the_default_ledger_beside_the_queue_is_made_and_announced(tmp_path: Pat
 
 
 def test_a_replay_that_makes_the_ledger_says_so(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     assert invoke("dirq", "consume", str(q)).returncode == 0
     bad = sorted(p.name for p in (q / "error").iterdir())[0]
     other = tmp_path / "other.db"

@@ -14,10 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cli_support import invoke
+from cli_support import invoke, sample_queue
 from mq_support import EXERCISE, claim_doc, cli, partner, publish, topology, write_claims
 from pg_cli import SECRET, assert_no_leak, with_secret
-from support import SAMPLE, run_cli
+from support import run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -34,16 +34,10 @@ def _ok(r: object) -> str:
     return r.stdout  # type: ignore[attr-defined]
 
 
-def _queue(root: Path) -> Path:
-    q = root / "q"
-    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
-    return q
-
-
 def test_dirq_on_postgresql_gives_what_sqlite_gives(tmp_path: Path, pg_url: str) -> None:
     """consume, report, order-check, dead list: the same counts, files and rows."""
     db = with_secret(pg_url)
-    lite, pg = _queue(tmp_path / "lite"), _queue(tmp_path / "pg")
+    lite, pg = sample_queue(tmp_path / "lite"), sample_queue(tmp_path / "pg")
     out = {}
     for q, where in ((lite, []), (pg, ["--db", db])):
         r = invoke("dirq", "consume", str(q), "--json", *where)
@@ -95,7 +89,7 @@ def test_order_check_on_postgresql_finds_the_gaps_sqlite_finds(tmp_path: Path, p
 
 
 def test_dirq_workers_share_one_postgresql_ledger(tmp_path: Path, pg_url: str) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     # --workers forks: a process of its own, not a fork of the test's.
     stats = json.loads(
         _ok(run_cli("dirq", "consume", str(q), "--db", with_secret(pg_url), "--workers", "2",
@@ -108,7 +102,7 @@ def test_dirq_workers_share_one_postgresql_ledger(tmp_path: Path, pg_url: str) -
 
 def test_dirq_replay_and_dead_list_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     db = with_secret(pg_url)
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     _ok(invoke("dirq", "consume", str(q), "--db", db))
     _ok(invoke("dirq", "replay", str(q), "msg-009.json", "--db", db))
     _ok(invoke("dirq", "replay", str(q), "--reason", "missing-field", "--db", db))
@@ -130,7 +124,7 @@ def test_reading_commands_never_create_a_postgresql_ledger(tmp_path: Path, pg_ur
     """report, order-check, dead list, replay --all on a database without onceq's
     schema: exit 3, one masked line, and still no schema afterwards."""
     db = with_secret(pg_url)
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     for args in (
         ["dirq", "report", str(q)],
         ["dirq", "order-check"],
@@ -208,7 +202,7 @@ def test_a_flow_file_with_a_postgresql_ledger_and_an_sql_effect(
     name = pg_url.rsplit("/", 1)[1]
     (tmp_path / "flows.toml").write_text(SQL_FLOWS.replace("DBNAME", name))
     (tmp_path / "book.py").write_text(BOOK)
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     env = {"PGPW": SECRET}
     out = _ok(invoke("check", str(tmp_path / "flows.toml"), env=env))
     assert "ledger postgresql://postgres:***@127.0.0.1:5432/" in out
@@ -232,7 +226,7 @@ def test_a_flow_file_with_a_postgresql_ledger_and_an_sql_effect(
 def test_the_python_api_takes_a_url(tmp_path: Path, pg_url: str) -> None:
     import onceq
 
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     flow = onceq.Flow("api", onceq.DirSource(q), onceq.MessageSpec(id_field="msg_id"))
     stats = onceq.run(flow, ledger=with_secret(pg_url), until_empty=True)["api"]
     # No field required but the id: msg-015 (no amount) too; msg-009 does not parse.
@@ -255,7 +249,7 @@ def test_a_ledger_that_cannot_be_opened_is_exit_8_in_one_masked_line(
     the driver's reason, the queue untouched."""
     from support import snapshot
 
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     url = f"postgresql://postgres:{SECRET}@{where}"
     before = snapshot(tmp_path)
     for args in (
