@@ -31,6 +31,24 @@ GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
+# Tests that run several consumer processes at once on one ledger. Alone each passes;
+# beside another such test on two cores a consumer's heartbeat write can wait past
+# SQLite's busy timeout ("database is locked" on stderr, which they assert never
+# appears). Under pytest-xdist (`--dist loadgroup`) they share one worker, one at a time.
+ONE_AT_A_TIME = (
+    "tests/faults/test_dirq_concurrency.py::",
+    "tests/faults/test_dirq_signals.py::test_workers_stop_with_their_parent",
+    "tests/faults/test_pg_many_consumers.py::",
+    "tests/integration/test_twins_dirq.py::",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(ONE_AT_A_TIME):
+            item.add_marker(pytest.mark.xdist_group("several-consumers"))
+
+
 def _rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
