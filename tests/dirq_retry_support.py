@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli_support import invoke
+from support import http_server
 
 
 @dataclass
@@ -109,15 +110,9 @@ def scripted_partner(**kw: object) -> Iterator[ScriptedPartner]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    p.url = f"http://127.0.0.1:{server.server_address[1]}/api/x"
-    try:
+    with http_server(Handler) as url:
+        p.url = f"{url}/api/x"
         yield p
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def make_queue(root: Path, ids: list[str], name: str = "q") -> Path:

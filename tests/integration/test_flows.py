@@ -11,14 +11,13 @@ from __future__ import annotations
 import http.server
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
 from cli_support import invoke
 from mq_support import EXERCISE, cli, get_all, partner, queues
-from support import SAMPLE
+from support import SAMPLE, http_server
 
 INVOICES = SAMPLE / "invoices"
 
@@ -92,14 +91,8 @@ def _recording_partner() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", paths
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(H) as url:
+        yield url, paths
 
 
 def test_a_placeholder_is_url_encoded(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -41,6 +40,7 @@ from mq_support import (
     wait_for,
     write_claims,
 )
+from support import http_server
 
 JSON = ("--log-format", "json", "--log-level", "info")
 
@@ -272,14 +272,8 @@ def echoing_partner() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api/x"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as url:
+        yield f"{url}/api/x"
 
 
 def test_onceq_run_names_each_flow_in_its_own_lines(tmp_path: Path) -> None:
