@@ -28,6 +28,9 @@ from click.testing import CliRunner
 from support import SAMPLE
 
 _QUIETENED = ("aiormq", "aio_pika")  # onceq.core.logs.setup sets their levels
+# Read once, when a process starts (Python's own start, onceq.core.faults at import):
+# laid over this process's environment they would change nothing, silently.
+READ_AT_START = {"PYTHONPATH", "PYTHONHOME", "ONCEQ_FAULT", "ONCEQ_FAULT_AFTER"}
 
 
 @contextlib.contextmanager
@@ -85,6 +88,9 @@ def run_here(
     from onceq.cli import main
 
     assert not _forks(args), f"{args}: --workers forks; run it in a process of its own (run_cli)"
+    changed = {k for k, v in (env or {}).items() if os.environ.get(k) != v}
+    read_at_start = sorted(changed & READ_AT_START)
+    assert not read_at_start, f"{read_at_start}: read when a process starts; use run_cli"
     with (
         _fresh_process_state(),
         contextlib.chdir(cwd if cwd is not None else os.getcwd()),
