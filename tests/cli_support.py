@@ -78,26 +78,25 @@ def _help_width(env: dict[str, str] | None) -> int:
 
 
 def run_here(
-    args: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None
+    args: list[str],
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    help_width: int = 80,
 ) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `onceq ARGS` run in this process.
 
     `env` is laid over this process's environment for the call (as run_cli lays it over
-    the child's); `cwd` is the working directory for the call.
+    the child's); `cwd` is the working directory for the call; click wraps help at
+    `help_width` columns (80: click's isolation's own).
     """
     from onceq.cli import main
 
-    assert not _forks(args), f"{args}: --workers forks; run it in a process of its own (run_cli)"
-    changed = {k for k, v in (env or {}).items() if os.environ.get(k) != v}
-    read_at_start = sorted(changed & READ_AT_START)
-    assert not read_at_start, f"{read_at_start}: read when a process starts; use run_cli"
     with (
         _fresh_process_state(),
         contextlib.chdir(cwd if cwd is not None else os.getcwd()),
         CliRunner().isolation(env=env or {}) as (out, err, _),
     ):
-        # isolation forces 80 columns; a process on a pipe wraps help 2 narrower.
-        click.formatting.FORCED_WIDTH = _help_width(env)  # isolation puts it back
+        click.formatting.FORCED_WIDTH = help_width  # isolation puts it back
         try:
             main(args)
             code = 0
@@ -120,7 +119,14 @@ def invoke(
     `timeout` is accepted for the same call; pytest-timeout bounds a call here.
     """
     del timeout
-    code, stdout, stderr = run_here(list(args), env, cwd)
+    argv = list(args)
+    # What this process cannot stand in for: it would pass here and test nothing.
+    assert not _forks(argv), f"{argv}: --workers forks; run it in a process of its own (run_cli)"
+    changed = {k for k, v in (env or {}).items() if os.environ.get(k) != v}
+    read_at_start = sorted(changed & READ_AT_START)
+    assert not read_at_start, f"{read_at_start}: read when a process starts; use run_cli"
+    # click's isolation wraps help at 80 columns; a process on a pipe 2 narrower.
+    code, stdout, stderr = run_here(argv, env, cwd, help_width=_help_width(env))
     return subprocess.CompletedProcess(["onceq", *args], code, stdout, stderr)
 
 
