@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import run_cli
+from cli_support import invoke
+from support import http_server
 
 
 @dataclass
@@ -109,21 +110,15 @@ def scripted_partner(**kw: object) -> Iterator[ScriptedPartner]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    p.url = f"http://127.0.0.1:{server.server_address[1]}/api/x"
-    try:
+    with http_server(Handler) as url:
+        p.url = f"{url}/api/x"
         yield p
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def make_queue(root: Path, ids: list[str], name: str = "q") -> Path:
     """A queue whose inbox holds one {"id": …} file per id (m-<id>.json)."""
     q = root / name
-    r = run_cli("dirq", "init", str(q))
+    r = invoke("dirq", "init", str(q))
     assert r.returncode == 0, r.stderr
     for i in ids:
         (q / "inbox" / f"m-{i}.json").write_text(json.dumps({"id": i}))

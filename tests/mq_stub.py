@@ -14,8 +14,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from support import http_server
 
 # An answer: a status, or (status, {header: value}).
 Answer = int | tuple[int, dict[str, str]]
@@ -74,11 +76,5 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
 @contextmanager
 def scripted_partner(script: Script) -> Iterator[str]:
     """A claim system answering by `script` for the block; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(script))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_handler(script)) as url:
+        yield url

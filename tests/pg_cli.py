@@ -7,9 +7,7 @@ CLI's log lines go too: a few ms per command, so generated cases stay cheap.
 
 from __future__ import annotations
 
-import logging
-
-from click.testing import CliRunner
+from cli_support import run_here
 
 SECRET = "s3cretpw"  # trust authentication accepts any password: a perfect leak probe
 SECRET_URL = "postgresql://postgres:" + SECRET + "@127.0.0.1:5432/"
@@ -22,26 +20,7 @@ def with_secret(url: str) -> str:
 
 def in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `onceq ARGS` run in this process."""
-    from onceq.cli import main
-
-    # The CLI installs its log handler and quietens aiormq (onceq.core.logs.setup): put the
-    # test process's logging back afterwards, for the tests that run after this one.
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
-    with CliRunner().isolation(env=env or {}) as (out, err, _):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        stdout = out.getvalue().decode("utf-8", "replace")
-        stderr = err.getvalue().decode("utf-8", "replace")
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    return code, stdout, stderr
+    return run_here(args, env)
 
 
 def assert_no_leak(text: str, secrets: list[str], what: object = "") -> None:

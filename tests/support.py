@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 BROKER = ("127.0.0.1", 5672)
@@ -28,6 +29,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server of `handler` on a free loopback port, in a thread of this process,
+    for the block: its base URL. The one home of every in-test partner and web server."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True  # a kept-alive connection must not hold the close up
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def run_cli(
@@ -120,24 +135,7 @@ def plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def in_process(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run `onceq ARGS` through its real entry point in this process: (exit code, output)."""
-    from click.testing import CliRunner
+    from cli_support import run_here  # cli_support imports this module
 
-    from onceq.cli import main
-
-    # The run installs its own log handler on the captured stderr (so log lines are in
-    # the output checked) and quietens aiormq; the test process's logging is put back.
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    levels = {n: logging.getLogger(n).level for n in ("aiormq", "aio_pika")}
-    with CliRunner().isolation(env=env) as (out, err, _):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        text = out.getvalue().decode("utf-8", "replace") + err.getvalue().decode("utf-8", "replace")
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    return code, text
+    code, stdout, stderr = run_here(args, env)
+    return code, stdout + stderr

@@ -25,9 +25,9 @@ import click
 import pytest
 from doc_examples import REPO, blocks, strip_comment
 
+from cli_support import invoke
 from onceq import errors
 from onceq.cli import _register, app
-from support import run_cli
 
 CODE_TABLE = {*errors.EXIT_CODES.values(), 0, 1, 130, 143}
 DOC_FILES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
@@ -53,7 +53,7 @@ def test_readme_exit_table_is_the_codes_table() -> None:
 
 
 def test_help_lists_the_codes_table() -> None:
-    r = run_cli("--help")
+    r = invoke("--help")
     assert r.returncode == 0, r.stderr
     epilog = " ".join(r.stdout.split("Exit codes:", 1)[1].split())
     listed = {int(n) for n in re.findall(r"(?:^|,)\s*(\d+) ", epilog)}
@@ -75,7 +75,7 @@ def test_readme_says_what_lag_does_on_a_missing_folder(tmp_path: Path) -> None:
         if "`lag`" in meaning and "missing" in meaning
     ]
     assert len(said) == 1, "the README's exit table must give lag's missing-folder code once"
-    r = run_cli("dirq", "lag", str(tmp_path / "no-such-queue"), "10")
+    r = invoke("dirq", "lag", str(tmp_path / "no-such-queue"), "10")
     assert r.returncode == said[0], (r.returncode, r.stderr)
     assert r.stderr.startswith("onceq: ") and r.stderr.count("\n") == 1
 
@@ -191,7 +191,7 @@ def test_version_is_the_metadata_version_and_defined_once() -> None:
 
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert version("onceq") == declared == onceq.__version__
-    r = run_cli("--version")
+    r = invoke("--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"onceq, version {declared}"
     spelled = [

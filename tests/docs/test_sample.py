@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support import SAMPLE, run_cli, snapshot
+from cli_support import invoke
+from support import SAMPLE, snapshot
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -14,7 +15,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 
 def test_sample_copies_the_orders_and_the_claims(tmp_path: Path) -> None:
     dest = tmp_path / "new" / "fixtures"  # missing parents are created
-    r = run_cli("sample", str(dest))
+    r = invoke("sample", str(dest))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["claims", "invoices", "orders"]
     assert _tree(dest / "orders") == {p.name: p.read_bytes() for p in SAMPLE.glob("*.json")}
@@ -26,7 +27,7 @@ def test_sample_copies_the_orders_and_the_claims(tmp_path: Path) -> None:
 
 
 def test_sample_json_lists_the_files(tmp_path: Path) -> None:
-    r = run_cli("sample", str(tmp_path / "fx"), "--json")
+    r = invoke("sample", str(tmp_path / "fx"), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert sorted(doc) == ["claims", "invoices", "orders"]
@@ -36,7 +37,7 @@ def test_sample_json_lists_the_files(tmp_path: Path) -> None:
 
 def test_an_existing_empty_folder_is_fine(tmp_path: Path) -> None:
     (tmp_path / "fx" / "orders").mkdir(parents=True)
-    r = run_cli("sample", str(tmp_path / "fx"))
+    r = invoke("sample", str(tmp_path / "fx"))
     assert r.returncode == 0, r.stderr
     assert len(list((tmp_path / "fx" / "orders").iterdir())) == 20
 
@@ -48,7 +49,7 @@ def test_an_existing_target_file_refuses_everything(tmp_path: Path) -> None:
     (claims / "claim-009-resent-002.json").write_text("a user's edited claim\n")
     before = snapshot(tmp_path)
     touched = [(tmp_path / "fx").stat().st_mtime_ns, claims.stat().st_mtime_ns]
-    r = run_cli("sample", str(tmp_path / "fx"))
+    r = invoke("sample", str(tmp_path / "fx"))
     assert r.returncode == 4, (r.returncode, r.stderr)
     assert r.stderr.startswith("onceq: ") and r.stderr.count("\n") == 1
     assert "claim-009-resent-002.json" in r.stderr
@@ -58,9 +59,9 @@ def test_an_existing_target_file_refuses_everything(tmp_path: Path) -> None:
 
 
 def test_a_second_run_is_refused_and_changes_nothing(tmp_path: Path) -> None:
-    assert run_cli("sample", str(tmp_path / "fx")).returncode == 0
+    assert invoke("sample", str(tmp_path / "fx")).returncode == 0
     before = snapshot(tmp_path)
-    r = run_cli("sample", str(tmp_path / "fx"))
+    r = invoke("sample", str(tmp_path / "fx"))
     assert r.returncode == 4
     assert snapshot(tmp_path) == before
 
@@ -68,10 +69,10 @@ def test_a_second_run_is_refused_and_changes_nothing(tmp_path: Path) -> None:
 def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
     (tmp_path / "fx").write_text("not a folder")
     before = snapshot(tmp_path)
-    r = run_cli("sample", str(tmp_path / "fx"))
+    r = invoke("sample", str(tmp_path / "fx"))
     assert r.returncode == 4, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-    r = run_cli("sample", str(tmp_path / "fx" / "sub"))  # a parent that is a file
+    r = invoke("sample", str(tmp_path / "fx" / "sub"))  # a parent that is a file
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.startswith("onceq: ") and r.stderr.count("\n") == 1
     assert snapshot(tmp_path) == before

@@ -19,6 +19,7 @@ import pytest
 from test_mq_consume_own_flow import publish_invoices
 from test_mq_flow_names import declare_invoice
 
+from cli_support import invoke
 from mq_support import cli, queues
 from support import run_cli, snapshot
 
@@ -42,14 +43,14 @@ def _queue(tmp_path: Path, n: int = 2) -> Path:
     for i in range(n):
         (tmp_path / "in" / f"inv{i}.json").write_text(f'{{"invoiceId": "INV-{i}"}}')
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(tmp_path / "in")).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(tmp_path / "in")).returncode == 0
     return q
 
 
 def test_dirq_consume_check_and_run_refuse_it_and_touch_nothing(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "consume", str(q), "--id-field", "invoiceId", *CONFLICT, env=ENV)
+    r = invoke("dirq", "consume", str(q), "--id-field", "invoiceId", *CONFLICT, env=ENV)
     _one_refusal(r, "--url http://bob:***@127.0.0.1:9/api/invoices")
     assert snapshot(tmp_path) == before
     flows = tmp_path / "flows.toml"
@@ -61,7 +62,7 @@ def test_dirq_consume_check_and_run_refuse_it_and_touch_nothing(tmp_path: Path) 
     )
     before = snapshot(tmp_path)
     for args in (["check", str(flows)], ["run", str(flows), "--until-empty"]):
-        r = run_cli(*args, env=ENV)
+        r = invoke(*args, env=ENV)
         _one_refusal(r, "line 7: flows.invoices.http.url: http://bob:***@")
     assert snapshot(tmp_path) == before
     assert sorted(p.name for p in (q / "inbox").iterdir()) == ["inv0.json", "inv1.json"]
@@ -107,6 +108,7 @@ def test_an_exception_in_the_effect_is_one_line_per_try_and_a_config_error_is_no
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    # A process of its own: the sitecustomize on its PYTHONPATH patches aiohttp at start.
     r = run_cli("dirq", "consume", str(q), "--id-field", "invoiceId",
                 "--url", "http://127.0.0.1:9/api/invoices", "--header", "X-Api-Key: ${TOK}",
                 "--retry", "exercise", "--no-breaker",

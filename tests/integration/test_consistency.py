@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import init_queue, invoke
 from mq_support import (
     CLAIMS,
     EXERCISE,
@@ -28,12 +29,6 @@ from mq_support import (
 from support import SAMPLE, plain_env, run_cli, snapshot
 
 # --- 1. one exit code per situation ---------------------------------------------------
-
-
-def _queue(root: Path, source: Path = SAMPLE) -> Path:
-    r = run_cli("dirq", "init", str(root), "--from", str(source))
-    assert r.returncode == 0, r.stderr
-    return root
 
 
 # Each case: (what is missing, argv built from (tmp_path, an existing queue)).
@@ -99,10 +94,10 @@ def test_anything_missing_is_exit_3_in_one_line_and_changes_nothing(
     case: str, tmp_path: Path
 ) -> None:
     name, argv = MISSING[case]
-    q = _queue(tmp_path / "q")
+    q = init_queue(tmp_path / "q", SAMPLE)
     before = snapshot(tmp_path)
     # The broker URL points nowhere: a refusal must come before any connection.
-    r = run_cli(*argv(tmp_path, q), env={"EAI_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/"})
+    r = invoke(*argv(tmp_path, q), env={"EAI_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/"})
     assert r.returncode == 3, (r.returncode, r.stderr)
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("onceq: ") and name in lines[0], r.stderr
@@ -111,11 +106,11 @@ def test_anything_missing_is_exit_3_in_one_line_and_changes_nothing(
 
 
 def test_lag_keeps_its_monitor_contract_2_for_a_missing_folder(tmp_path: Path) -> None:
-    for path in (tmp_path / "none", _queue(tmp_path / "q") / "inbox" / "msg-001.json"):
-        r = run_cli("dirq", "lag", str(path), "5")
+    for path in (tmp_path / "none", init_queue(tmp_path / "q", SAMPLE) / "inbox" / "msg-001.json"):
+        r = invoke("dirq", "lag", str(path), "5")
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.splitlines()) == 1 and str(path) in r.stderr
-    help_text = run_cli("dirq", "lag", "--help").stdout
+    help_text = invoke("dirq", "lag", "--help").stdout
     assert "2 for any bad argument" in help_text and "no such queue folder" in help_text
 
 
@@ -149,9 +144,9 @@ def test_a_missing_vhost_is_exit_7_in_one_line_in_every_mq_command(
 
 
 def test_the_signal_rule_is_in_the_help_of_both_consumers() -> None:
-    dirq = " ".join(run_cli("dirq", "consume", "--help").stdout.split())
-    mq = " ".join(run_cli("mq", "consume", "--help").stdout.split())
-    top = " ".join(run_cli("--help").stdout.split())
+    dirq = " ".join(invoke("dirq", "consume", "--help").stdout.split())
+    mq = " ".join(invoke("mq", "consume", "--help").stdout.split())
+    top = " ".join(invoke("--help").stdout.split())
     assert "exits 130 (SIGINT) or 143 (SIGTERM)" in dirq
     assert "SIGTERM, SIGINT or --max-seconds" in mq and "exit 0" in mq
     assert "runs until it is stopped (mq consume) exits 0" in top
@@ -195,12 +190,12 @@ def _bad_files(folder: Path, n: int) -> Path:
 
 def test_a_dirq_run_where_every_message_failed_says_so_first(tmp_path: Path) -> None:
     src = _bad_files(tmp_path / "bad", 3)
-    q1, q2 = _queue(tmp_path / "q1", src), _queue(tmp_path / "q2", src)
-    human = run_cli("dirq", "consume", str(q1))
+    q1, q2 = init_queue(tmp_path / "q1", src), init_queue(tmp_path / "q2", src)
+    human = invoke("dirq", "consume", str(q1))
     assert human.returncode == 0, human.stderr
     lines = human.stdout.splitlines()
     assert lines[0] == "every message failed: 3 quarantined (parse 3)", lines
-    as_json = json.loads(run_cli("dirq", "consume", str(q2), "--json").stdout)
+    as_json = json.loads(invoke("dirq", "consume", str(q2), "--json").stdout)
     assert as_json["all_failed"] is True
     assert as_json["quarantined"] == 3 and as_json["reasons"] == {"parse": 3}
 
@@ -208,9 +203,9 @@ def test_a_dirq_run_where_every_message_failed_says_so_first(tmp_path: Path) -> 
 def test_a_dirq_run_with_one_success_is_not_all_failed(tmp_path: Path) -> None:
     src = _bad_files(tmp_path / "bad", 3)
     shutil.copy(SAMPLE / "msg-001.json", src)
-    q1, q2 = _queue(tmp_path / "q1", src), _queue(tmp_path / "q2", src)
-    assert "every message failed" not in run_cli("dirq", "consume", str(q1)).stdout
-    assert json.loads(run_cli("dirq", "consume", str(q2), "--json").stdout)["all_failed"] is False
+    q1, q2 = init_queue(tmp_path / "q1", src), init_queue(tmp_path / "q2", src)
+    assert "every message failed" not in invoke("dirq", "consume", str(q1)).stdout
+    assert json.loads(invoke("dirq", "consume", str(q2), "--json").stdout)["all_failed"] is False
 
 
 @pytest.mark.broker
@@ -250,7 +245,7 @@ def _long_dir(tmp_path: Path) -> Path:
 
 def test_piped_output_has_no_blank_first_line_and_no_wrapped_path(tmp_path: Path) -> None:
     long = _long_dir(tmp_path)
-    q = _queue(long)
+    q = init_queue(long, SAMPLE)
     demo, lab = long / "demo", long / "lab"
     outputs = {
         "dirq consume": run_cli("dirq", "consume", str(q)),
@@ -347,9 +342,9 @@ def _check_same_words(human: str, summary: dict) -> None:
 
 
 def test_dirq_json_and_human_use_the_same_words(tmp_path: Path) -> None:
-    q1, q2 = _queue(tmp_path / "q1"), _queue(tmp_path / "q2")
-    human = run_cli("dirq", "consume", str(q1)).stdout.splitlines()[-1]
-    summary = json.loads(run_cli("dirq", "consume", str(q2), "--json").stdout)
+    q1, q2 = init_queue(tmp_path / "q1", SAMPLE), init_queue(tmp_path / "q2", SAMPLE)
+    human = invoke("dirq", "consume", str(q1)).stdout.splitlines()[-1]
+    summary = json.loads(invoke("dirq", "consume", str(q2), "--json").stdout)
     assert "dead" not in summary  # a directory queue quarantines; one word for it
     _check_same_words(human.replace(f"{q1}: ", ""), summary)
 

@@ -12,7 +12,6 @@ import asyncio
 import http.server
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -24,7 +23,7 @@ from depth_support import Holder, truth
 from mq_support import cli, ctl, vhost, wait_for
 from onceq.errors import BrokerUnavailable
 from onceq.sources.amqp.depths import DepthCache, QueueDepth, management_api, read_depths
-from support import free_port
+from support import free_port, http_server
 
 pytestmark = pytest.mark.broker
 
@@ -217,13 +216,8 @@ class _NotTheApi(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def other_web_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotTheApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_NotTheApi) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["/html", "/nothing"])

@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from support import open_db, run_cli
+from cli_support import invoke
+from support import open_db
 
 GOOD = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 10}
 MAX_BYTES = 400
@@ -58,7 +59,7 @@ def _tree_digest(root: Path) -> str:
 
 def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q)).returncode == 0
+    assert invoke("dirq", "init", str(q)).returncode == 0
     inbox = q / "inbox"
     for name, (body, _, _) in BAD.items():
         (inbox / name).write_bytes(body)
@@ -75,7 +76,7 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     (inbox / ".partial.json").write_bytes(_doc(msg_id="m-dot"))
     (inbox / "half.json.tmp").write_bytes(b'{"msg_id": "m-t')
 
-    r = run_cli("dirq", "consume", str(q), "--max-bytes", str(MAX_BYTES), "--json")
+    r = invoke("dirq", "consume", str(q), "--max-bytes", str(MAX_BYTES), "--json")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     stats = json.loads(r.stdout)
@@ -109,7 +110,7 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
     assert (q / "error" / "link.json").is_symlink()
 
     # error.csv says the same as the ledger.
-    r = run_cli("dirq", "report", str(q))
+    r = invoke("dirq", "report", str(q))
     assert r.returncode == 0, r.stderr
     with open(q / "error.csv", newline="") as f:
         rows = list(csv.reader(f))
@@ -121,12 +122,12 @@ def test_every_bad_file_is_quarantined_with_its_reason(tmp_path: Path) -> None:
 
 def test_a_second_consume_leaves_the_quarantine_and_ledger_alone(tmp_path: Path) -> None:
     q = tmp_path / "q"
-    run_cli("dirq", "init", str(q))
+    invoke("dirq", "init", str(q))
     (q / "inbox" / "broken.json").write_bytes(b"{")
-    assert run_cli("dirq", "consume", str(q)).returncode == 0
+    assert invoke("dirq", "consume", str(q)).returncode == 0
     with open_db(q / "ledger.db") as conn:
         first = conn.execute("SELECT ref, reason FROM failures").fetchall()
-    assert run_cli("dirq", "consume", str(q)).returncode == 0
+    assert invoke("dirq", "consume", str(q)).returncode == 0
     with open_db(q / "ledger.db") as conn:
         assert conn.execute("SELECT ref, reason FROM failures").fetchall() == first
     assert first == [("broken.json", "parse")]

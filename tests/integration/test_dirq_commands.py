@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, open_db, run_cli, snapshot
+from cli_support import invoke
+from support import SAMPLE, open_db, snapshot
 
 COMMANDS = ("init", "consume", "schema", "order-check", "lag", "replay", "report")
 
@@ -32,20 +33,20 @@ def _queue(tmp_path: Path, files: dict[str, bytes], name: str = "q") -> Path:
     for n, body in files.items():
         (src / n).write_bytes(body)
     q = tmp_path / name
-    r = run_cli("dirq", "init", str(q), "--from", str(src))
+    r = invoke("dirq", "init", str(q), "--from", str(src))
     assert r.returncode == 0, r.stderr
     return q
 
 
 def _consume(q: Path, *args: str) -> None:
-    r = run_cli("dirq", "consume", str(q), "--json", *args)
+    r = invoke("dirq", "consume", str(q), "--json", *args)
     assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture
 def sample_q(tmp_path: Path) -> Path:
     q = tmp_path / "sample"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
     _consume(q)
     return q
 
@@ -60,7 +61,7 @@ def _one_line_error(r: object) -> None:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_dirq_command_has_help_with_an_example(command: str) -> None:
-    r = run_cli("dirq", command, "--help")
+    r = invoke("dirq", command, "--help")
     assert r.returncode == 0, r.stderr
     assert "Example" in r.stdout
 
@@ -74,8 +75,8 @@ def _schema_rows(text: str) -> list[list[str]]:
 
 def test_schema_of_the_sample_is_the_fields_of_a_normal_message(tmp_path: Path) -> None:
     q = tmp_path / "q"
-    run_cli("dirq", "init", str(q), "--from", str(SAMPLE))
-    before = run_cli("dirq", "schema", str(q))
+    invoke("dirq", "init", str(q), "--from", str(SAMPLE))
+    before = invoke("dirq", "schema", str(q))
     assert before.returncode == 0, before.stderr
     assert _schema_rows(before.stdout) == [
         ["field", "type", "role"],
@@ -89,7 +90,7 @@ def test_schema_of_the_sample_is_the_fields_of_a_normal_message(tmp_path: Path) 
     # After a consume the valid messages sit in done/: the same schema.
     _consume(q)
     out = tmp_path / "schema.csv"
-    r = run_cli("dirq", "schema", str(q), "-o", str(out))
+    r = invoke("dirq", "schema", str(q), "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text() == before.stdout
 
@@ -109,7 +110,7 @@ def test_schema_reads_only_valid_messages_and_names_every_type(tmp_path: Path) -
             "broken.json": b'{"only_in_broken": 1',
         },
     )
-    r = run_cli("dirq", "schema", str(q))
+    r = invoke("dirq", "schema", str(q))
     assert r.returncode == 0, r.stderr
     assert _schema_rows(r.stdout) == [
         ["field", "type", "role"],
@@ -127,7 +128,7 @@ def test_schema_reads_only_valid_messages_and_names_every_type(tmp_path: Path) -
 
 def test_schema_of_a_missing_queue_is_not_found(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "schema", str(tmp_path / "nope"))
+    r = invoke("dirq", "schema", str(tmp_path / "nope"))
     assert r.returncode == 3
     _one_line_error(r)
     assert snapshot(tmp_path) == before  # no queue folder, no schema.csv made
@@ -138,11 +139,11 @@ def test_schema_of_a_missing_queue_is_not_found(tmp_path: Path) -> None:
 
 def test_order_check_is_ok_on_the_sample(sample_q: Path, tmp_path: Path) -> None:
     out = tmp_path / "order-result.txt"
-    r = run_cli("dirq", "order-check", "--db", str(sample_q / "ledger.db"), "-o", str(out))
+    r = invoke("dirq", "order-check", "--db", str(sample_q / "ledger.db"), "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text().splitlines()[0] == "OK"
     # QDIR names QDIR/ledger.db; without -o the result is printed.
-    r = run_cli("dirq", "order-check", str(sample_q))
+    r = invoke("dirq", "order-check", str(sample_q))
     assert (r.returncode, r.stdout) == (0, "OK\n")
 
 
@@ -159,7 +160,7 @@ def test_order_check_reports_a_repeated_seq(tmp_path: Path) -> None:
     )
     _consume(q)
     out = tmp_path / "result.txt"
-    r = run_cli("dirq", "order-check", "--db", str(q / "ledger.db"), "-o", str(out))
+    r = invoke("dirq", "order-check", "--db", str(q / "ledger.db"), "-o", str(out))
     assert r.returncode == 1, r.stderr
     assert list(csv.reader(out.read_text().splitlines())) == [
         ["order_no", "problem", "seq_from", "seq_to", "n", "msg_ids"],
@@ -178,7 +179,7 @@ def test_order_check_reports_gaps_including_a_late_start(tmp_path: Path) -> None
         },
     )
     _consume(q)
-    r = run_cli("dirq", "order-check", "--db", str(q / "ledger.db"), "--json")
+    r = invoke("dirq", "order-check", "--db", str(q / "ledger.db"), "--json")
     assert r.returncode == 1, r.stderr
     result = json.loads(r.stdout)
     assert result["ok"] is False
@@ -195,20 +196,20 @@ def test_order_check_runs_a_users_query_read_only(sample_q: Path, tmp_path: Path
         "-- large orders\nSELECT msg_id FROM processed WHERE amount > 1000 ORDER BY 1;\n"
     )
     out = tmp_path / "big.txt"
-    r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(sql), "-o", str(out))
+    r = invoke("dirq", "order-check", str(sample_q), "--sql", str(sql), "-o", str(out))
     assert r.returncode == 1, r.stderr
     assert out.read_text().splitlines() == ["msg_id", *big]
 
     nothing = tmp_path / "none.sql"
     nothing.write_text("SELECT msg_id FROM processed WHERE amount < 0")
-    r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(nothing), "-o", str(out))
+    r = invoke("dirq", "order-check", str(sample_q), "--sql", str(nothing), "-o", str(out))
     assert r.returncode == 0
     assert out.read_text() == "OK\n"
 
     # A query that writes is refused by the ledger, and the ledger keeps its rows.
     delete = tmp_path / "delete.sql"
     delete.write_text("DELETE FROM processed")
-    r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(delete))
+    r = invoke("dirq", "order-check", str(sample_q), "--sql", str(delete))
     assert r.returncode == 8
     _one_line_error(r)
     with open_db(sample_q / "ledger.db") as conn:
@@ -226,18 +227,18 @@ def test_order_check_argument_errors(sample_q: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.sql"
     empty.write_text("-- nothing\n")
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "order-check")
+    r = invoke("dirq", "order-check")
     assert r.returncode == 2
     _one_line_error(r)
     missing = tmp_path / "no" / "ledger.db"
-    r = run_cli("dirq", "order-check", "--db", str(missing))
+    r = invoke("dirq", "order-check", "--db", str(missing))
     assert r.returncode == 3
     _one_line_error(r)
     assert not missing.exists() and not missing.parent.exists()  # a check creates nothing
-    r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(empty))
+    r = invoke("dirq", "order-check", str(sample_q), "--sql", str(empty))
     assert r.returncode == 2
     _one_line_error(r)
-    r = run_cli("dirq", "order-check", str(sample_q), "--sql", str(tmp_path / "nope.sql"))
+    r = invoke("dirq", "order-check", str(sample_q), "--sql", str(tmp_path / "nope.sql"))
     assert r.returncode == 3
     _one_line_error(r)
     # No result file, no ledger change, nothing new anywhere.
@@ -268,11 +269,11 @@ def _lag_queue(tmp_path: Path) -> Path:
 def test_lag_counts_messages_and_compares_the_inbox(tmp_path: Path) -> None:
     q = _lag_queue(tmp_path)
     line = "inbox=3 processing=3 error=1\n"
-    r = run_cli("dirq", "lag", str(q), "3")  # equal to the threshold: fine
+    r = invoke("dirq", "lag", str(q), "3")  # equal to the threshold: fine
     assert (r.returncode, r.stdout, r.stderr) == (0, line, "")
-    r = run_cli("dirq", "lag", str(q), "2")  # above it
+    r = invoke("dirq", "lag", str(q), "2")  # above it
     assert (r.returncode, r.stdout) == (1, line)
-    r = run_cli("dirq", "lag", str(q), "0", "--json")
+    r = invoke("dirq", "lag", str(q), "0", "--json")
     assert r.returncode == 1
     assert json.loads(r.stdout) == {
         "inbox": 3,
@@ -286,19 +287,19 @@ def test_lag_counts_messages_and_compares_the_inbox(tmp_path: Path) -> None:
 @pytest.mark.parametrize("threshold", ["-1", "abc", "1.5", "", " 3", "٣"])
 def test_lag_refuses_a_bad_threshold_in_one_line(tmp_path: Path, threshold: str) -> None:
     q = _lag_queue(tmp_path)
-    r = run_cli("dirq", "lag", str(q), threshold)
+    r = invoke("dirq", "lag", str(q), threshold)
     assert r.returncode == 2
     assert r.stdout == ""
     _one_line_error(r)
 
 
 def test_lag_refuses_a_missing_or_partial_queue(tmp_path: Path) -> None:
-    r = run_cli("dirq", "lag", str(tmp_path / "nope"), "5")
+    r = invoke("dirq", "lag", str(tmp_path / "nope"), "5")
     assert r.returncode == 2
     _one_line_error(r)
     (tmp_path / "half" / "inbox").mkdir(parents=True)
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "lag", str(tmp_path / "half"), "5")
+    r = invoke("dirq", "lag", str(tmp_path / "half"), "5")
     assert r.returncode == 2
     _one_line_error(r)
     assert r.stdout == ""
@@ -336,7 +337,7 @@ def test_lag_does_not_import_sqlite(tmp_path: Path) -> None:
 
 def test_replay_moves_the_file_back_and_records_it(sample_q: Path) -> None:
     body = (sample_q / "error" / "msg-009.json").read_bytes()
-    r = run_cli("dirq", "replay", str(sample_q), "msg-009.json")
+    r = invoke("dirq", "replay", str(sample_q), "msg-009.json")
     assert r.returncode == 0, r.stderr
     assert not (sample_q / "error" / "msg-009.json").exists()
     assert (sample_q / "inbox" / "msg-009.json").read_bytes() == body
@@ -349,7 +350,7 @@ def test_replay_records_into_the_db_named_by_option(tmp_path: Path) -> None:
     db = tmp_path / "elsewhere" / "l.db"
     db.parent.mkdir()  # a ledger's folder is never created (a typo would start a new one)
     _consume(q, "--db", str(db))
-    r = run_cli("dirq", "replay", str(q), "x.json", "--db", str(db))
+    r = invoke("dirq", "replay", str(q), "x.json", "--db", str(db))
     assert r.returncode == 0, r.stderr
     assert not (q / "ledger.db").exists()
     with open_db(db) as conn:
@@ -374,7 +375,7 @@ def test_a_refused_replay_changes_no_folder_and_no_database(
     (sample_q / "inbox" / "msg-015.json").write_bytes(b'{"fixed": "by a human"}')
     before = snapshot(sample_q)
     assert "ledger.db" in before
-    r = run_cli("dirq", "replay", str(sample_q), name)
+    r = invoke("dirq", "replay", str(sample_q), name)
     assert r.returncode == code, r.stderr
     _one_line_error(r)
     assert snapshot(sample_q) == before
@@ -385,22 +386,22 @@ def test_a_refused_replay_does_not_create_the_database(
     tmp_path: Path, name: str, code: int
 ) -> None:
     q = tmp_path / "q"
-    run_cli("dirq", "init", str(q))
+    invoke("dirq", "init", str(q))
     (q / "error" / "msg-015.json").write_bytes(b"{")
     (q / "error" / "a").mkdir()
     (q / "inbox" / "msg-015.json").write_bytes(b"{}")
     other_db = tmp_path / "other" / "l.db"
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "replay", str(q), name, "--db", str(other_db))
+    r = invoke("dirq", "replay", str(q), name, "--db", str(other_db))
     assert r.returncode == code, r.stderr
-    r = run_cli("dirq", "replay", str(q), name)
+    r = invoke("dirq", "replay", str(q), name)
     assert r.returncode == code, r.stderr
     assert snapshot(tmp_path) == before
     assert not (q / "ledger.db").exists() and not other_db.parent.exists()
 
 
 def test_replay_on_a_missing_queue_is_not_found(tmp_path: Path) -> None:
-    r = run_cli("dirq", "replay", str(tmp_path / "nope"), "x.json")
+    r = invoke("dirq", "replay", str(tmp_path / "nope"), "x.json")
     assert r.returncode == 3
     _one_line_error(r)
     assert not (tmp_path / "nope").exists()
@@ -410,7 +411,7 @@ def test_replay_on_a_missing_queue_is_not_found(tmp_path: Path) -> None:
 
 
 def test_reports_come_from_durable_state(sample_q: Path, tmp_path: Path) -> None:
-    assert run_cli("dirq", "report", str(sample_q)).returncode == 0
+    assert invoke("dirq", "report", str(sample_q)).returncode == 0
     dup, err = (sample_q / "dup.txt").read_bytes(), (sample_q / "error.csv").read_bytes()
     ids = [json.loads(p.read_text())["msg_id"] for p in sorted(SAMPLE.glob("*.json")) if _loads(p)]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
@@ -418,7 +419,7 @@ def test_reports_come_from_durable_state(sample_q: Path, tmp_path: Path) -> None
     assert err.decode() == "file,reason\nmsg-009.json,parse\nmsg-015.json,missing-field\n"
     # A second (empty) consume and a second report write the very same bytes.
     _consume(sample_q)
-    assert run_cli("dirq", "report", str(sample_q)).returncode == 0
+    assert invoke("dirq", "report", str(sample_q)).returncode == 0
     assert (sample_q / "dup.txt").read_bytes() == dup
     assert (sample_q / "error.csv").read_bytes() == err
     assert not [n for n in os.listdir(sample_q) if n.endswith(".tmp")]
@@ -427,13 +428,13 @@ def test_reports_come_from_durable_state(sample_q: Path, tmp_path: Path) -> None
 def test_dup_txt_keeps_duplicates_of_earlier_runs(tmp_path: Path) -> None:
     q = _queue(tmp_path, {"1.json": _msg("m-b", "A", 1), "2.json": _msg("m-b", "A", 1)})
     _consume(q)
-    assert run_cli("dirq", "report", str(q)).returncode == 0
+    assert invoke("dirq", "report", str(q)).returncode == 0
     assert (q / "dup.txt").read_text() == "m-b\n"
     # A later run sees a duplicate of another id (m-a sorts first) and nothing of m-b.
     (q / "inbox" / "3.json").write_bytes(_msg("m-a", "B", 1))
     (q / "inbox" / "4.json").write_bytes(_msg("m-a", "B", 1))
     _consume(q)
-    assert run_cli("dirq", "report", str(q)).returncode == 0
+    assert invoke("dirq", "report", str(q)).returncode == 0
     assert (q / "dup.txt").read_text() == "m-a\nm-b\n"
 
 
@@ -444,7 +445,7 @@ def test_error_csv_reasons_unknown_and_clash_names(tmp_path: Path) -> None:
     _consume(q)
     (q / "error" / "by-hand.json").write_bytes(b"?")  # no ledger record at all
     assert sorted(os.listdir(q / "error")) == ["by-hand.json", "x.json", "x.json.1"]
-    r = run_cli("dirq", "report", str(q), "--json")
+    r = invoke("dirq", "report", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["errors"] == 3
     assert (q / "error.csv").read_text() == (
@@ -454,15 +455,15 @@ def test_error_csv_reasons_unknown_and_clash_names(tmp_path: Path) -> None:
 
 def test_report_needs_a_queue_and_a_ledger(tmp_path: Path) -> None:
     q = tmp_path / "q"
-    run_cli("dirq", "init", str(q))
-    r = run_cli("dirq", "report", str(q))
+    invoke("dirq", "init", str(q))
+    r = invoke("dirq", "report", str(q))
     assert r.returncode == 3  # never consumed: no ledger, and report does not create one
     _one_line_error(r)
     assert not (q / "ledger.db").exists()
     _consume(q)
     shutil.rmtree(q / "error")
     before = snapshot(q)
-    r = run_cli("dirq", "report", str(q))
+    r = invoke("dirq", "report", str(q))
     assert r.returncode == 3
     _one_line_error(r)
     assert snapshot(q) == before  # no error/, no dup.txt, no error.csv made
@@ -470,7 +471,7 @@ def test_report_needs_a_queue_and_a_ledger(tmp_path: Path) -> None:
 
 def test_output_into_a_missing_folder_is_not_found(sample_q: Path, tmp_path: Path) -> None:
     for cmd in (["schema", str(sample_q)], ["order-check", str(sample_q)]):
-        r = run_cli("dirq", *cmd, "-o", str(tmp_path / "no" / "out.txt"))
+        r = invoke("dirq", *cmd, "-o", str(tmp_path / "no" / "out.txt"))
         assert r.returncode == 3, cmd
         _one_line_error(r)
     assert not (tmp_path / "no").exists()

@@ -12,6 +12,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+from cli_support import invoke
 from dirq_retry_support import all_places, files, flags, make_queue, scripted_partner
 from support import run_cli
 
@@ -39,11 +40,11 @@ def _quarantine(tmp_path: Path) -> tuple[Path, object]:
 def test_dead_list_shows_reason_detail_attempts_and_filters(tmp_path: Path) -> None:
     q, _ = _quarantine(tmp_path)
     with scripted_partner(plan={"R": [(422, None)], "T": [(503, None)] * 5}) as p:
-        r = run_cli("dirq", "consume", str(q), *flags(p.url, "--retry", "exercise"))
+        r = invoke("dirq", "consume", str(q), *flags(p.url, "--retry", "exercise"))
     assert r.returncode == 0, r.stderr
     assert files(q, "error") == ["bad.json", "m-R.json", "m-T.json"]
 
-    r = run_cli("dirq", "dead", "list", str(q))
+    r = invoke("dirq", "dead", "list", str(q))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert [ln.split()[:3] for ln in lines[:3]] == [
@@ -53,36 +54,36 @@ def test_dead_list_shows_reason_detail_attempts_and_filters(tmp_path: Path) -> N
     ]
     assert lines[3] == f"{q}: 3 file(s) in error/"
 
-    r = run_cli("dirq", "dead", "list", str(q), "--reason", "http-503", "--json")
+    r = invoke("dirq", "dead", "list", str(q), "--reason", "http-503", "--json")
     assert r.returncode == 0, r.stderr
     [t] = json.loads(r.stdout)
     assert set(t) == {"file", "msg_id", "reason", "detail", "attempts", "at"}
     assert (t["file"], t["msg_id"], t["reason"], t["attempts"]) == ("m-T.json", "T", "http-503", 2)
     assert t["at"] and t["at"].startswith("20")
 
-    r = run_cli("dirq", "dead", "list", str(q), "--reason", "nothing-like-it", "--json")
+    r = invoke("dirq", "dead", "list", str(q), "--reason", "nothing-like-it", "--json")
     assert (r.returncode, json.loads(r.stdout)) == (0, [])
     # Another flow's view: the ledger has no record of these files for it.
-    r = run_cli("dirq", "dead", "list", str(q), "--flow", "other", "--json")
+    r = invoke("dirq", "dead", "list", str(q), "--flow", "other", "--json")
     assert {f["reason"] for f in json.loads(r.stdout)} == {"unknown"}
 
 
 def test_dead_list_never_creates_a_ledger(tmp_path: Path) -> None:
     q = make_queue(tmp_path, [])
-    r = run_cli("dirq", "dead", "list", str(q))
+    r = invoke("dirq", "dead", "list", str(q))
     assert r.returncode == 3, r.stderr
     assert r.stderr.startswith("onceq: ") and "no ledger database here" in r.stderr
     assert len(r.stderr.splitlines()) == 1
     assert not (q / "ledger.db").exists()
-    r = run_cli("dirq", "dead", "list", str(tmp_path / "nope"))
+    r = invoke("dirq", "dead", "list", str(tmp_path / "nope"))
     assert r.returncode == 3 and "Traceback" not in r.stderr
 
 
 def test_bulk_replay_by_reason_moves_those_files_and_audits_it(tmp_path: Path) -> None:
     q, _ = _quarantine(tmp_path)
     with scripted_partner(plan={"R": [(422, None)], "T": [(503, None)] * 5}) as p:
-        assert run_cli("dirq", "consume", str(q), *flags(p.url, "--retry", "none")).returncode == 0
-    r = run_cli("dirq", "replay", str(q), "--reason", "http-503", "--json")
+        assert invoke("dirq", "consume", str(q), *flags(p.url, "--retry", "none")).returncode == 0
+    r = invoke("dirq", "replay", str(q), "--reason", "http-503", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["replayed"], out["count"], out["filter"]) == (
@@ -103,7 +104,7 @@ def test_bulk_replay_by_reason_moves_those_files_and_audits_it(tmp_path: Path) -
         ("m-T.json", "T", out["op"], last_failure)
     ]
 
-    r = run_cli("dirq", "replay", str(q), "--all")
+    r = invoke("dirq", "replay", str(q), "--all")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"{q}: 2 file(s) error/ -> inbox/ (every file;")
     assert files(q, "error") == [] and files(q, "inbox") == ["bad.json", "m-R.json", "m-T.json"]
@@ -116,7 +117,7 @@ def test_bulk_replay_by_reason_moves_those_files_and_audits_it(tmp_path: Path) -
 def test_replay_refusals_change_nothing(tmp_path: Path) -> None:
     q, _ = _quarantine(tmp_path)
     with scripted_partner(plan={"R": [(422, None)], "T": [(503, None)] * 5}) as p:
-        assert run_cli("dirq", "consume", str(q), *flags(p.url, "--retry", "none")).returncode == 0
+        assert invoke("dirq", "consume", str(q), *flags(p.url, "--retry", "none")).returncode == 0
     # A namesake of one matching file waits in the inbox: the whole --all is refused,
     # the other files included.
     (q / "inbox" / "m-R.json").write_text('{"id": "R2"}')
@@ -131,7 +132,7 @@ def test_replay_refusals_change_nothing(tmp_path: Path) -> None:
         (("--all", "--flow", "bad name!"), 2, "bad name!"),
     ]
     for args, code, words in cases:
-        r = run_cli("dirq", "replay", str(q), *args)
+        r = invoke("dirq", "replay", str(q), *args)
         assert r.returncode == code, (args, r.returncode, r.stderr)
         assert r.stderr.startswith("onceq: ") and words in r.stderr, (args, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
@@ -140,13 +141,13 @@ def test_replay_refusals_change_nothing(tmp_path: Path) -> None:
     os.unlink(q / "inbox" / "m-R.json")
     os.symlink("/etc/passwd", q / "error" / "link.json")
     before = _state(q)
-    r = run_cli("dirq", "replay", str(q), "--all")
+    r = invoke("dirq", "replay", str(q), "--all")
     assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
     assert _state(q) == before
     # A queue without a ledger: the reasons are unknown; nothing is created.
     q2 = make_queue(tmp_path, [], name="q2")
     (q2 / "error" / "x.json").write_text("{}")
-    r = run_cli("dirq", "replay", str(q2), "--all")
+    r = invoke("dirq", "replay", str(q2), "--all")
     assert r.returncode == 3 and "no ledger database here" in r.stderr, r.stderr
     assert not (q2 / "ledger.db").exists() and files(q2, "error") == ["x.json"]
 
@@ -158,12 +159,12 @@ def test_a_replayed_file_gets_its_retries_again(tmp_path: Path) -> None:
     # the replay the count starts again, so the file gets 3 more tries and the
     # third succeeds. Without the reset its first new failure would be attempt 4: dead.
     with scripted_partner(plan={"T": [(503, None)] * 5}) as p:
-        r = run_cli("dirq", "consume", str(q), *flags(p.url, *policy))
+        r = invoke("dirq", "consume", str(q), *flags(p.url, *policy))
         # Its only file failed: the batch ends 11 (every message failed).
         assert r.returncode == 11 and json.loads(r.stdout)["quarantined"] == 1, r.stdout
         assert len(p.times("T")) == 3
-        assert run_cli("dirq", "replay", str(q), "--reason", "http-503").returncode == 0
-        r = run_cli("dirq", "consume", str(q), *flags(p.url, *policy))
+        assert invoke("dirq", "replay", str(q), "--reason", "http-503").returncode == 0
+        r = invoke("dirq", "consume", str(q), *flags(p.url, *policy))
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert (out["processed"], out["requeued"], out["quarantined"]) == (1, 2, 0), out
@@ -178,15 +179,13 @@ def test_a_replayed_file_gets_its_retries_again(tmp_path: Path) -> None:
 def test_a_replayed_file_already_processed_is_a_duplicate_in_done(tmp_path: Path) -> None:
     q = make_queue(tmp_path, ["X"])
     with scripted_partner(plan={"X": [(503, None)]}) as p:
-        r = run_cli("dirq", "consume", str(q), *flags(p.url, "--retry", "none"))
+        r = invoke("dirq", "consume", str(q), *flags(p.url, "--retry", "none"))
         assert json.loads(r.stdout)["quarantined"] == 1
         # The same message arrives again under another name and succeeds.
         (q / "inbox" / "again-X.json").write_text('{"id": "X"}')
-        assert (
-            json.loads(run_cli("dirq", "consume", str(q), *flags(p.url)).stdout)["processed"] == 1
-        )
-        assert run_cli("dirq", "replay", str(q), "--all").returncode == 0
-        r = run_cli("dirq", "consume", str(q), *flags(p.url))
+        assert json.loads(invoke("dirq", "consume", str(q), *flags(p.url)).stdout)["processed"] == 1
+        assert invoke("dirq", "replay", str(q), "--all").returncode == 0
+        r = invoke("dirq", "consume", str(q), *flags(p.url))
         out = json.loads(r.stdout)
         assert (out["duplicates"], out["processed"], out["quarantined"]) == (1, 0, 0), out
         assert p.by_id()["X"] == [503, 201]  # the replay called nobody
@@ -198,7 +197,7 @@ def test_a_bulk_replay_killed_midway_loses_nothing(tmp_path: Path) -> None:
     q = make_queue(tmp_path, ids)
     with scripted_partner(plan={i: [(422, None)] for i in ids}) as p:
         # Four rejections, under the guard's 10: all quarantined, and the batch ends 11.
-        assert run_cli("dirq", "consume", str(q), *flags(p.url)).returncode == 11
+        assert invoke("dirq", "consume", str(q), *flags(p.url)).returncode == 11
         assert len(files(q, "error")) == 4
         env = {"ONCEQ_FAULT": "mid-replay", "ONCEQ_FAULT_AFTER": "2"}
         r = run_cli("dirq", "replay", str(q), "--all", env=env)
@@ -210,7 +209,7 @@ def test_a_bulk_replay_killed_midway_loses_nothing(tmp_path: Path) -> None:
         assert files(q, "inbox") == ["m-1.json", "m-2.json"]
         assert files(q, "error") == [f"m-{i}.json" for i in ids]
         # The consumer takes the two that are back; the partner now accepts them.
-        r = run_cli("dirq", "consume", str(q), *flags(p.url))
+        r = invoke("dirq", "consume", str(q), *flags(p.url))
         assert json.loads(r.stdout)["processed"] == 2
     assert files(q, "done") == ["m-1.json", "m-2.json"]
     names = files(q, "done") + files(q, "error")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from dirq_retry_support import files
 from mq_support import partner
-from support import run_cli
 
 N = 200
 DOWN_S = 12.0
@@ -28,7 +28,7 @@ DOWN_S = 12.0
 
 def _queue(root: Path) -> Path:
     q = root / "q"
-    assert run_cli("dirq", "init", str(q)).returncode == 0
+    assert invoke("dirq", "init", str(q)).returncode == 0
     for i in range(N):
         doc = {"invoiceId": f"INV-{i:03d}", "customer": "ACME", "total": 10}
         (q / "inbox" / f"inv-{i:03d}.json").write_text(json.dumps(doc))
@@ -45,7 +45,7 @@ def test_an_outage_does_not_empty_the_queue_into_error(
     q = _queue(tmp_path)
     with partner(kind="invoices", args=("--down-for", str(DOWN_S), "--down-as", down_as)) as p:
         back = time.monotonic() + DOWN_S  # the stub is up by itself from then on
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q), "--id-field", "invoiceId",
             "--url", f"{p.url}/api/invoices", "--json", *more, timeout=180,
         )  # fmt: skip

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke, sample_queue
 from onceq.exercise.processed_table import PROCESSED_TABLE
 from onceq.ledger.sqlite import Ledger
-from support import SAMPLE, open_db, run_cli, snapshot
+from support import open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the
 # source and ref columns, no duplicates/failures tables.
@@ -35,12 +36,6 @@ def _one_line(r: subprocess.CompletedProcess[str], *words: str) -> None:
         assert w in lines[0], (w, r.stderr)
 
 
-def _sample_queue(tmp_path: Path) -> Path:
-    q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
-    return q
-
-
 def _msg(msg_id: str, seq: int, amount: float = 1.0) -> bytes:
     return json.dumps({"msg_id": msg_id, "order_no": "A", "seq": seq, "amount": amount}).encode()
 
@@ -51,28 +46,29 @@ def _msg(msg_id: str, seq: int, amount: float = 1.0) -> bytes:
 def test_a_ledger_of_an_older_schema_is_refused_before_anything_moves(tmp_path: Path) -> None:
     # Before: every insert failed on the missing columns and each good message was
     # quarantined to error/ as "ledger-refused"; report died with a traceback.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     with open_db(q / "ledger.db") as conn:
         conn.executescript(OLD_SCHEMA)
     before = snapshot(q)
     for args in (("consume",), ("consume", "--workers", "2"), ("report",), ("order-check",)):
-        r = run_cli("dirq", *args, str(q))
+        # --workers forks: that one in a process of its own, not a fork of the test's.
+        r = (run_cli if "--workers" in args else invoke)("dirq", *args, str(q))
         assert r.returncode == 8, (args, r.stdout, r.stderr)
         _one_line(r, "ledger.db", "processed.source")
         assert snapshot(q) == before, args
 
 
 def test_a_file_that_is_not_a_ledger_is_left_as_it_was(tmp_path: Path) -> None:
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     empty, text = tmp_path / "empty.db", tmp_path / "notes.db"
     empty.write_bytes(b"")
     text.write_text("not a database, just notes\n" * 10)
     before = snapshot(tmp_path)
     for db in (empty, text):
-        r = run_cli("dirq", "order-check", "--db", str(db))
+        r = invoke("dirq", "order-check", "--db", str(db))
         assert r.returncode == 8, r.stderr
         _one_line(r, db.name)
-        r = run_cli("dirq", "report", str(q), "--db", str(db))
+        r = invoke("dirq", "report", str(q), "--db", str(db))
         assert r.returncode == 8, r.stderr
         _one_line(r, db.name)
     # Before: opening the empty file turned it into a WAL database (4 KiB, -wal, -shm).
@@ -93,8 +89,8 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
         "d.json": _msg("m3", 3),
     }.items():
         (src / name).write_bytes(body)
-    assert run_cli("dirq", "init", str(q), "--from", str(src)).returncode == 0
-    assert run_cli("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
+    assert invoke("dirq", "init", str(q), "--from", str(src)).returncode == 0
+    assert invoke("dirq", "consume", str(q), "--json").returncode == 0  # creates the ledger
     for name in ("a.json", "b.json", "c.json", "d.json"):
         os.rename(q / "done" / name, q / "inbox" / name)
     with open_db(q / "ledger.db") as conn:
@@ -104,7 +100,7 @@ def test_a_refused_business_write_and_a_duplicate_in_one_group(tmp_path: Path) -
             "CREATE TRIGGER no_negative BEFORE INSERT ON processed WHEN NEW.amount < 0"
             " BEGIN SELECT RAISE(ABORT, 'negative amount'); END"
         )
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["processed"], out["duplicates"], out["reasons"]) == (2, 1, {"ledger-refused": 1})
@@ -120,7 +116,7 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
     # A broken rule in the ledger (a trigger writing to a table that is gone) is the
     # ledger's fault, not the message's: before, every good message went to error/
     # as "ledger-refused". Now the run stops with exit 8 and the next one recovers.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     Ledger(q / "ledger.db", sql=PROCESSED_TABLE).close()  # the orders preset's tables
     with open_db(q / "ledger.db") as conn:
         conn.execute("CREATE TABLE audit (msg_id TEXT)")
@@ -129,13 +125,13 @@ def test_a_ledger_that_fails_mid_write_stops_the_run_and_quarantines_nothing(
             " BEGIN INSERT INTO audit VALUES (NEW.msg_id); END"
         )
         conn.execute("DROP TABLE audit")
-    r = run_cli("dirq", "consume", str(q))
+    r = invoke("dirq", "consume", str(q))
     assert r.returncode == 8, r.stderr
     _one_line(r, "ledger.db", "audit")
     assert os.listdir(q / "error") == [] and os.listdir(q / "done") == []
     with open_db(q / "ledger.db") as conn:
         conn.execute("DROP TRIGGER audit_it")
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
     assert os.listdir(q / "processing") == []
@@ -170,7 +166,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
 ) -> None:
     # Before: a read-only done/ ended the run at the first move with a traceback;
     # with --workers each worker's error came back as a RuntimeError traceback.
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     db = tmp_path / "ledger.db"  # beside the queue: a read-only QDIR still opens it
     Ledger(db).close()
     target = q / folder
@@ -183,7 +179,7 @@ def test_a_folder_the_consumer_cannot_write_is_refused_before_any_claim(
         assert snapshot(q) == before
     finally:
         target.chmod(0o755)
-    assert run_cli("dirq", "consume", str(q), "--db", str(db)).returncode == 0
+    assert invoke("dirq", "consume", str(q), "--db", str(db)).returncode == 0
     assert (len(os.listdir(q / "done")), len(os.listdir(q / "error"))) == (18, 2)
 
 
@@ -192,13 +188,13 @@ def test_a_file_the_consumer_may_not_read_is_quarantined_not_fatal(
 ) -> None:
     # Before: PermissionError from the read ended the run with a traceback, and every
     # later run stopped at the same file (a poison message by its mode).
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     (q / "inbox" / "msg-001.json").chmod(0)
     r = _cli(no_root_override, "dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["reasons"] == {"missing-field": 1, "parse": 1, "unreadable": 1}
     assert "msg-001.json" in os.listdir(q / "error")
-    assert run_cli("dirq", "report", str(q)).returncode == 0
+    assert invoke("dirq", "report", str(q)).returncode == 0
     assert "msg-001.json,unreadable\n" in (q / "error.csv").read_text()
 
 
@@ -271,7 +267,7 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
     tmp_path: Path, no_root_override: list[str]
 ) -> None:
     (tmp_path / "afile").write_text("x")
-    r = run_cli("dirq", "init", str(tmp_path / "afile" / "q"))
+    r = invoke("dirq", "init", str(tmp_path / "afile" / "q"))
     assert r.returncode == 9, r.stderr  # QueueError
     _one_line(r, "afile")
     ro = tmp_path / "ro"
@@ -284,10 +280,10 @@ def test_init_under_a_file_or_a_read_only_folder_is_one_line(
 
 
 def test_a_required_list_with_no_field_names_the_option(tmp_path: Path) -> None:
-    q = _sample_queue(tmp_path)
+    q = sample_queue(tmp_path)
     before = snapshot(q)
     for command in ("consume", "schema"):
-        r = run_cli("dirq", command, str(q), "--required", " , ")
+        r = invoke("dirq", command, str(q), "--required", " , ")
         assert r.returncode == 2, r.stderr
         _one_line(r, "--required", "names no field")
     assert snapshot(q) == before

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from mq_support import Partner, partner
-from support import SAMPLE, run_cli
+from support import SAMPLE
 
 pytestmark = pytest.mark.slow  # real commands and the invoice partner stub, no broker
 
 
 def _consume(q: Path, stub: Partner, code: int = 0) -> str:
-    r = run_cli(
+    r = invoke(
         "dirq", "consume", str(q), "--flow", "invoices", "--id-field", "invoiceId",
         "--url", f"{stub.url}/api/invoices", "--retry", "none",
     )  # fmt: skip
@@ -28,13 +29,13 @@ def _consume(q: Path, stub: Partner, code: int = 0) -> str:
 
 
 def _dead(q: Path) -> dict[str, tuple[str, int]]:
-    r = run_cli("dirq", "dead", "list", str(q), "--flow", "invoices", "--json")
+    r = invoke("dirq", "dead", "list", str(q), "--flow", "invoices", "--json")
     assert r.returncode == 0, r.stderr
     return {x["file"]: (x["reason"], x["attempts"]) for x in json.loads(r.stdout)}
 
 
 def _replay(q: Path, name: str) -> None:
-    r = run_cli("dirq", "replay", str(q), name, "--flow", "invoices")
+    r = invoke("dirq", "replay", str(q), name, "--flow", "invoices")
     assert r.returncode == 0, r.stderr
 
 
@@ -48,7 +49,7 @@ def _rows(q: Path, sql: str) -> list[tuple[object, ...]]:
 
 def test_edit_in_error_then_replay(tmp_path: Path) -> None:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE / "invoices")).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(SAMPLE / "invoices")).returncode == 0
     with partner(kind="invoices") as stub:
         assert "3 quarantined" in _consume(q, stub)
         assert _dead(q) == {
@@ -86,7 +87,7 @@ def test_edit_in_error_then_replay(tmp_path: Path) -> None:
     assert _rows(q, "SELECT msg_id FROM messages WHERE msg_id IN ('INV-5', 'INV-6b', 'INV-8')"
                  " ORDER BY msg_id") == [("INV-5",), ("INV-6b",), ("INV-8",)]  # fmt: skip
     # No dead letter is left on the ledger's books either: each replay undid its death.
-    r = run_cli("status", "--db", str(q / "ledger.db"), "--flow", "invoices", "--json")
+    r = invoke("status", "--db", str(q / "ledger.db"), "--flow", "invoices", "--json")
     assert r.returncode == 0, r.stderr
     ledger = json.loads(r.stdout)["flows"]["invoices"]["ledger"]
     assert (ledger["processed"], ledger["dead"]) == (7, 0), ledger

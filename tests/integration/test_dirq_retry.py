@@ -17,6 +17,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from cli_support import invoke
 from dirq_retry_support import all_places, files, flags, make_queue, mtime, scripted_partner
 from support import run_cli
 
@@ -57,7 +58,7 @@ def test_a_transient_failure_waits_in_retry_then_is_claimed_when_due(tmp_path: P
         first = p.times("A")[0]
         due = mtime(q / "retry" / "m-A.json")
         assert first + 1.0 <= due <= first + 1.0 + LATE
-        lag = run_cli("dirq", "lag", str(q), "0")
+        lag = invoke("dirq", "lag", str(q), "0")
         assert lag.returncode == 1  # inbox 0 + retry 1 > 0: a file still waits
         assert lag.stdout.strip().endswith("retry=1")
         out, err = proc.communicate(timeout=60)
@@ -77,7 +78,7 @@ def test_a_transient_failure_waits_in_retry_then_is_claimed_when_due(tmp_path: P
         "error": [],
     }
     assert [a for _, a, _ in _failures(q / "ledger.db")] == ["delay", "delay"]
-    lag = run_cli("dirq", "lag", str(q), "0", "--json")
+    lag = invoke("dirq", "lag", str(q), "0", "--json")
     assert json.loads(lag.stdout) == {
         "inbox": 0,
         "processing": 0,
@@ -92,7 +93,7 @@ def test_a_transient_failure_waits_in_retry_then_is_claimed_when_due(tmp_path: P
 def test_dead_after_the_policy_s_attempts(tmp_path: Path) -> None:
     q = make_queue(tmp_path, ["A"])
     with scripted_partner(plan={"A": [(503, None)] * 10}) as p:
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q),
             *flags(p.url, "--retry-delays", "300ms,600ms", "--no-breaker"),
         )  # fmt: skip
@@ -108,7 +109,7 @@ def test_dead_after_the_policy_s_attempts(tmp_path: Path) -> None:
         ("A", "dead", 4),
     ]
     assert files(q, "error") == ["m-A.json"] and files(q, "retry") == []
-    rep = run_cli("dirq", "report", str(q))
+    rep = invoke("dirq", "report", str(q))
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout.strip().endswith("1 errors (files in error/); 0 waiting in retry/")
 
@@ -118,7 +119,7 @@ def test_retry_after_is_honoured(tmp_path: Path) -> None:
     # 503 with Retry-After: 2 → the first tier at least 2 s long (3s), not the
     # immediate retry nor the 500ms tier.
     with scripted_partner(plan={"A": [(503, 2)]}) as p:
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q),
             *flags(p.url, "--immediate-retries", "1", "--retry-delays", "500ms,3s", "--no-breaker"),
         )  # fmt: skip
@@ -134,10 +135,10 @@ def test_the_orders_preset_still_quarantines_at_once_and_makes_no_retry_folder(
     q = make_queue(tmp_path, [])
     (q / "inbox" / "bad.json").write_text("{not json")
     (q / "inbox" / "ok.json").write_text('{"msg_id":"m1","order_no":"o","seq":1,"amount":1}')
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert not (q / "retry").exists()
-    lag = run_cli("dirq", "lag", str(q), "5")
+    lag = invoke("dirq", "lag", str(q), "5")
     assert lag.stdout == "inbox=0 processing=0 error=1\n"  # the exercise's exact line
 
 
@@ -164,7 +165,7 @@ def test_workers_share_retry_and_each_ends_when_it_is_empty(tmp_path: Path) -> N
     ids = [f"{i:02d}" for i in range(20)]
     q = make_queue(tmp_path, ids)
     with scripted_partner(fail_first=2) as p:
-        r = run_cli(
+        r = run_cli(  # --workers forks: a process of its own
             "dirq", "consume", str(q), "--workers", "2",
             *flags(p.url, "--immediate-retries", "1", "--retry-delays", "300ms", "--no-breaker"),
         )  # fmt: skip

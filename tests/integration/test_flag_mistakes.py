@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from support import run_cli, snapshot
+from cli_support import invoke
+from support import snapshot
 
 URL = "http://127.0.0.1:9/api/invoices"
 
@@ -43,9 +44,9 @@ def test_a_mistyped_flag_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     q = tmp_path / "q"
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_text('{"invoiceId": "INV-1", "msg_id": "m"}')
-    assert run_cli("dirq", "init", str(q), "--from", str(tmp_path / "in")).returncode == 0
+    assert invoke("dirq", "init", str(q), "--from", str(tmp_path / "in")).returncode == 0
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "consume", str(q), *args)
+    r = invoke("dirq", "consume", str(q), *args)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and says in lines[0], r.stderr
@@ -54,7 +55,7 @@ def test_a_mistyped_flag_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
 
 
 def test_mq_consume_without_claim_or_url_points_to_help() -> None:
-    r = run_cli("mq", "consume")
+    r = invoke("mq", "consume")
     assert r.returncode == 2
     assert r.stderr == (
         "onceq: mq consume: give --claim URL (the claims preset) or --url URL"
@@ -63,7 +64,7 @@ def test_mq_consume_without_claim_or_url_points_to_help() -> None:
 
 
 def test_claim_with_url_is_refused() -> None:
-    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", "--url", URL)
+    r = invoke("mq", "consume", "--claim", "http://127.0.0.1:9", "--url", URL)
     assert r.returncode == 2
     assert r.stderr.startswith("onceq: --claim is the claims preset"), r.stderr
 
@@ -71,7 +72,7 @@ def test_claim_with_url_is_refused() -> None:
 @pytest.mark.parametrize("flag", [["--header", "X-Api-Key: abcSecret1"], ["--success", "200"]])
 def test_an_http_flag_beside_claim_is_refused_not_ignored(flag: list[str]) -> None:
     """The claims preset makes its own call: a --header there was never sent."""
-    r = run_cli("mq", "consume", "--claim", "http://127.0.0.1:9", *flag)
+    r = invoke("mq", "consume", "--claim", "http://127.0.0.1:9", *flag)
     assert r.returncode == 2
     assert r.stderr == (
         f"onceq: {flag[0]} is for your own flow (--url), not the claims preset (--claim)\n"

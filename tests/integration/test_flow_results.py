@@ -12,7 +12,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from support import run_cli, snapshot
+from cli_support import invoke
+from support import snapshot
 
 
 def _queue(tmp_path: Path) -> Path:
@@ -29,8 +30,8 @@ def _queue(tmp_path: Path) -> Path:
     for i, m in enumerate(msgs):
         (src / f"m-{i}.json").write_text(json.dumps(m))
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(src)).returncode == 0
-    r = run_cli(
+    assert invoke("dirq", "init", str(q), "--from", str(src)).returncode == 0
+    r = invoke(
         "dirq", "consume", str(q), "--flow", "ship", "--id-field", "id",
         "--group-field", "box", "--seq-field", "n", "--json",
     )  # fmt: skip
@@ -42,27 +43,27 @@ def _queue(tmp_path: Path) -> Path:
 
 def test_order_check_reads_the_named_flows_group_and_sequence(tmp_path: Path) -> None:
     q = _queue(tmp_path)
-    r = run_cli("dirq", "order-check", str(q), "--flow", "ship", "--json")
+    r = invoke("dirq", "order-check", str(q), "--flow", "ship", "--json")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["columns"][0] == "group"
     problems = {(row["group"], row["problem"]) for row in doc["rows"]}
     assert {g for g, _ in problems} == {"B1", "B2"}, doc
     # The flow `default` has no rows in this ledger: its order is trivially intact.
-    r = run_cli("dirq", "order-check", str(q))
+    r = invoke("dirq", "order-check", str(q))
     assert (r.returncode, r.stdout) == (0, "OK\n"), r.stderr
 
 
 def test_report_and_replay_are_the_flows(tmp_path: Path) -> None:
     q = _queue(tmp_path)
-    r = run_cli("dirq", "report", str(q), "--flow", "ship", "--json")
+    r = invoke("dirq", "report", str(q), "--flow", "ship", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["duplicates"] == ["s-1"]
     assert (q / "dup.txt").read_text() == "s-1\n"
     assert "m-5.json,missing-field" in (q / "error.csv").read_text()
-    r = run_cli("dirq", "report", str(q), "--json")  # the flow default saw nothing
+    r = invoke("dirq", "report", str(q), "--json")  # the flow default saw nothing
     assert json.loads(r.stdout)["duplicates"] == []
-    r = run_cli("dirq", "replay", str(q), "m-5.json", "--flow", "ship")
+    r = invoke("dirq", "replay", str(q), "m-5.json", "--flow", "ship")
     assert r.returncode == 0, r.stderr
     with sqlite3.connect(q / "ledger.db") as conn:
         assert conn.execute("SELECT flow, ref FROM replays").fetchall() == [("ship", "m-5.json")]
@@ -76,7 +77,7 @@ def test_a_bad_flow_name_is_refused_and_changes_nothing(tmp_path: Path) -> None:
         ["dirq", "order-check", str(q), "--flow", "'; DROP TABLE messages; --"],
         ["dirq", "report", str(q), "--flow", ""],
     ):
-        r = run_cli(*argv)
+        r = invoke(*argv)
         assert r.returncode == 2, (argv, r.returncode, r.stderr)
         assert r.stderr.startswith("onceq: ") and r.stderr.count("\n") == 1, r.stderr
     assert snapshot(tmp_path) == before
@@ -86,10 +87,10 @@ def test_a_file_sent_again_under_its_old_name_is_a_duplicate(tmp_path: Path) -> 
     """Not 'recovered': that word is for a copy a dead consumer had claimed and committed."""
     q = _queue(tmp_path)
     (q / "inbox" / "m-0.json").write_text(json.dumps({"id": "s-1", "box": "B1", "n": 1}))
-    r = run_cli("dirq", "consume", str(q), "--flow", "ship", "--id-field", "id", "--json")
+    r = invoke("dirq", "consume", str(q), "--flow", "ship", "--id-field", "id", "--json")
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)
     assert (stats["duplicates"], stats["recovered"]) == (1, 0), stats
-    assert run_cli("dirq", "report", str(q), "--flow", "ship").returncode == 0
+    assert invoke("dirq", "report", str(q), "--flow", "ship").returncode == 0
     assert (q / "dup.txt").read_text() == "s-1\n"
     assert (q / "done" / "m-0.json.1").exists()  # the first m-0.json stays in done/ too

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from mq_support import cli, queues, topology
-from support import SAMPLE, run_cli
+from support import SAMPLE
 
 GOOD = """\
 ledger = "./ledger.db"
@@ -28,7 +29,7 @@ url = "http://127.0.0.1:9/api/invoices"
 
 def _queue(tmp: Path) -> Path:
     q = tmp / "q"
-    r = run_cli("dirq", "init", str(q), "--from", str(SAMPLE / "invoices"))
+    r = invoke("dirq", "init", str(q), "--from", str(SAMPLE / "invoices"))
     assert r.returncode == 0, r.stderr
     return q
 
@@ -41,7 +42,7 @@ def _refused(tmp: Path, text: str, *args: str, env: dict[str, str] | None = None
     f.write_text(text)
     lines = []
     for cmd in (["check", str(f)], ["run", str(f), "--until-empty", *args]):
-        r = run_cli(*cmd, env=env)
+        r = invoke(*cmd, env=env)
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
         lines = r.stderr.splitlines()
@@ -55,7 +56,7 @@ def test_a_good_file_checks_ok_and_creates_nothing(tmp_path: Path) -> None:
     _queue(tmp_path)
     f = tmp_path / "flows.toml"
     f.write_text(GOOD)
-    r = run_cli("check", str(f))
+    r = invoke("check", str(f))
     assert r.returncode == 0, r.stderr
     assert "flow invoices: dirq -> POST http://127.0.0.1:9/api/invoices" in r.stdout
     assert not (tmp_path / "ledger.db").exists()
@@ -91,7 +92,7 @@ def test_an_unknown_flow_in_run_is_refused(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     f = tmp_path / "flows.toml"
     f.write_text(GOOD)
-    r = run_cli("run", str(f), "--flow", "invoces", "--until-empty")
+    r = invoke("run", str(f), "--flow", "invoces", "--until-empty")
     assert r.returncode == 2
     assert r.stderr == f"onceq: {f}: flows: no flow named 'invoces' (the file has: invoices)\n"
     assert len(list((q / "inbox").iterdir())) == 8
@@ -160,16 +161,16 @@ def test_the_flow_file_in_check_help_is_one_that_check_accepts(tmp_path: Path) -
     ${ENV} set), and without the variable it is refused naming the header's key."""
     import textwrap
 
-    r = run_cli("check", "--help")
+    r = invoke("check", "--help")
     example = r.stdout.split("Example (flows.toml):\n", 1)[1].split("\n\n", 1)[0]
     (tmp_path / "flows.toml").write_text(textwrap.dedent(example) + "\n")
-    ok = run_cli("check", str(tmp_path / "flows.toml"), env={"INVOICE_API_KEY": "k3y-VALUE"})
+    ok = invoke("check", str(tmp_path / "flows.toml"), env={"INVOICE_API_KEY": "k3y-VALUE"})
     assert ok.returncode == 0, ok.stderr
     assert "flow invoices: dirq -> POST http://127.0.0.1:9300/api/invoices" in ok.stdout
     assert "k3y-VALUE" not in ok.stdout + ok.stderr
     # and `onceq run --help` sends a newcomer there
-    assert "`onceq check --help` shows one" in " ".join(run_cli("run", "--help").stdout.split())
-    unset = run_cli("check", str(tmp_path / "flows.toml"))
+    assert "`onceq check --help` shows one" in " ".join(invoke("run", "--help").stdout.split())
+    unset = invoke("check", str(tmp_path / "flows.toml"))
     assert unset.returncode == 2
     assert "flows.invoices.http.headers.X-Api-Key: environment variable INVOICE_API_KEY" in (
         unset.stderr
@@ -182,7 +183,7 @@ def test_a_bad_flow_name_is_named_with_its_tables_line(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(
         'ledger = "l.db"\n\n[flows."bad name"]\nsource = "dirq"\npath = "q"\n'
     )
-    r = run_cli("check", str(tmp_path / "f.toml"))
+    r = invoke("check", str(tmp_path / "f.toml"))
     assert r.returncode == 2
     assert r.stderr == (
         f"onceq: {tmp_path / 'f.toml'}: line 3: flows.bad name: a flow name is 1-64 of"

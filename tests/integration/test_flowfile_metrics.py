@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, free_port, run_cli
+from cli_support import invoke, sample_queue
+from support import free_port
 
 FLOWS = """\
 ledger = "./ledger.db"
@@ -18,13 +19,6 @@ ledger = "./ledger.db"
 source = "dirq"
 path = "./q"
 """
-
-
-def _queue(tmp: Path) -> Path:
-    q = tmp / "q"
-    r = run_cli("dirq", "init", str(q), "--from", str(SAMPLE))
-    assert r.returncode == 0, r.stderr
-    return q
 
 
 @pytest.fixture
@@ -48,13 +42,13 @@ def held_port() -> Iterator[int]:
 def test_a_metrics_mistake_is_one_line_and_nothing_runs(
     tmp_path: Path, table: str, line: str
 ) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     before = sorted(p.name for p in (q / "inbox").iterdir())
     f = tmp_path / "flows.toml"
     # A top-level key must come before the first table; a table may come anywhere.
     f.write_text(table + FLOWS if not table.startswith("[") else FLOWS + "\n" + table)
     for cmd in (["check", str(f)], ["run", str(f), "--until-empty"]):
-        r = run_cli(*cmd)
+        r = invoke(*cmd)
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
         lines = r.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"onceq: {f}: {line}"), lines
@@ -63,10 +57,10 @@ def test_a_metrics_mistake_is_one_line_and_nothing_runs(
 
 
 def test_the_files_port_in_use_refuses_the_run(tmp_path: Path, held_port: int) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     f = tmp_path / "flows.toml"
     f.write_text(FLOWS + f"\n[metrics]\nport = {held_port}\n")
-    r = run_cli("run", str(f), "--until-empty")
+    r = invoke("run", str(f), "--until-empty")
     assert r.returncode == 4, r.stderr
     assert r.stderr == f"onceq: 127.0.0.1:{held_port}: cannot serve metrics: the port is in use\n"
     assert not (tmp_path / "ledger.db").exists()
@@ -74,16 +68,16 @@ def test_the_files_port_in_use_refuses_the_run(tmp_path: Path, held_port: int) -
 
 
 def test_a_flag_overrides_the_files_port_and_host(tmp_path: Path, held_port: int) -> None:
-    _queue(tmp_path)
+    sample_queue(tmp_path)
     f = tmp_path / "flows.toml"
     # The file's port is taken and its host is no address of this machine: the flags win.
     f.write_text(FLOWS + f'\n[metrics]\nport = {held_port}\nhost = "192.0.2.1"\n')
     port = free_port()
-    r = run_cli(
+    r = invoke(
         "run", str(f), "--until-empty", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"
     )
     assert r.returncode == 0, r.stderr
     # And the file's host is used when no flag names one (192.0.2.1 is not ours: refused).
-    r = run_cli("run", str(f), "--until-empty", "--metrics-port", str(port))
+    r = invoke("run", str(f), "--until-empty", "--metrics-port", str(port))
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(f"onceq: 192.0.2.1:{port}: cannot serve metrics: ")

@@ -11,20 +11,20 @@ from __future__ import annotations
 import http.server
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from cli_support import invoke
 from mq_support import EXERCISE, cli, get_all, partner, queues
-from support import SAMPLE, run_cli
+from support import SAMPLE, http_server
 
 INVOICES = SAMPLE / "invoices"
 
 
 def _queue(root: Path, name: str = "q") -> Path:
     q = root / name
-    r = run_cli("dirq", "init", str(q), "--from", str(INVOICES))
+    r = invoke("dirq", "init", str(q), "--from", str(INVOICES))
     assert r.returncode == 0, r.stderr
     return q
 
@@ -41,7 +41,7 @@ def _flags(url: str) -> list[str]:
 def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     with partner(kind="invoices") as p:
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q), *_flags(p.url), "--keep", "customer,total",
             "--retry-delays", "200ms,400ms",
         )  # fmt: skip
@@ -63,7 +63,7 @@ def test_dirq_flags_the_invoice_example(tmp_path: Path) -> None:
         # The same messages again under another flow in the same ledger: our ledger has
         # never seen them for this flow, the partner has: 409 = done, partner duplicate.
         again = _queue(tmp_path, "q2")
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(again), *_flags(p.url), "--db", str(db), "--flow", "resend",
             "--retry", "none",
         )  # fmt: skip
@@ -91,20 +91,14 @@ def _recording_partner() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", paths
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(H) as url:
+        yield url, paths
 
 
 def test_a_placeholder_is_url_encoded(tmp_path: Path) -> None:
     q = _queue(tmp_path)
     with _recording_partner() as (url, paths):
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q), "--id-field", "invoiceId",
             "--url", url + "/api/invoices/{invoiceId}", "--json",
         )  # fmt: skip
@@ -133,7 +127,7 @@ def test_run_two_flows_in_one_process_one_ledger_overlapping_ids(tmp_path: Path)
             'setup = "CREATE TABLE IF NOT EXISTS invoices'
             ' (id TEXT PRIMARY KEY, customer TEXT, total REAL)"\n'
         )
-        r = run_cli("run", str(tmp_path / "flows.toml"), "--until-empty", "--json")
+        r = invoke("run", str(tmp_path / "flows.toml"), "--until-empty", "--json")
         busy_calls = p.stats()["by_id"]["INV-6"]
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from cli_support import invoke
 from onceq.core.redact import forget_all
-from support import in_process, run_cli, snapshot
+from support import in_process, snapshot
 
 TOKEN = st.from_regex(r"[a-z]{2}[0-9]{3}[A-Z]{3}", fullmatch=True)
 AWKWARD = st.lists(
@@ -97,7 +98,7 @@ def urls(draw: st.DrawFn) -> Secret:
 def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty directory queue: a run that is not refused has nothing to do."""
     tmp = tmp_path_factory.mktemp("headers")
-    assert run_cli("dirq", "init", str(tmp / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp / "q")).returncode == 0
     return tmp
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from support import run_cli
+from support import http_server, run_cli
 
 # A quote and a slash: JSON escapes them, so an echo in JSON is another shape.
 TOKEN = 'sk-LIVE"9x/7Qz-hdr'
@@ -46,14 +45,8 @@ class _Echo(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def echo() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api/invoices"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Echo) as url:
+        yield f"{url}/api/invoices"
 
 
 def assert_no_secret(text: str, what: object) -> None:

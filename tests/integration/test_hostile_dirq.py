@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from support import open_db, run_cli
+from cli_support import invoke
+from support import open_db
 
 HUGE = "9" * 5000
 OVER_64 = "18446744073709551616"
@@ -43,7 +44,7 @@ ODD_BAD = os.fsdecode(b"h-\xfe.json")  # and one that is also broken: error/, er
 
 def _queue(tmp_path: Path) -> Path:
     q = tmp_path / "q"
-    r = run_cli("dirq", "init", str(q))
+    r = invoke("dirq", "init", str(q))
     assert r.returncode == 0, r.stderr
     for name, body in {**GOOD, **{n: b for n, (b, _, _) in HOSTILE.items()}}.items():
         (q / "inbox" / name).write_bytes(body)
@@ -54,7 +55,7 @@ def _queue(tmp_path: Path) -> Path:
 
 def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> None:
     q = _queue(tmp_path)
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     out = json.loads(r.stdout)
@@ -80,7 +81,7 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
         "g-odd": "g-\\udcff.json",  # the name's bad byte, escaped in the ledger
     }
 
-    r = run_cli("dirq", "report", str(q))
+    r = invoke("dirq", "report", str(q))
     assert r.returncode == 0, r.stderr
     with open(q / "error.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
@@ -90,7 +91,7 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
         "h-\\udcfe.json": "parse",
     }
 
-    again = run_cli("dirq", "consume", str(q), "--json")  # nothing left to crash on
+    again = invoke("dirq", "consume", str(q), "--json")  # nothing left to crash on
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["received"] == 0
 
@@ -98,10 +99,10 @@ def test_hostile_files_are_quarantined_and_the_run_finishes(tmp_path: Path) -> N
 def test_a_quarantined_hostile_file_replayed_is_quarantined_again(tmp_path: Path) -> None:
     """Replay puts it back; the next run gives it the same verdict instead of crashing."""
     q = _queue(tmp_path)
-    assert run_cli("dirq", "consume", str(q)).returncode == 0
-    r = run_cli("dirq", "replay", str(q), "h-huge-seq.json")
+    assert invoke("dirq", "consume", str(q)).returncode == 0
+    r = invoke("dirq", "replay", str(q), "h-huge-seq.json")
     assert r.returncode == 0, r.stderr
-    r = run_cli("dirq", "consume", str(q), "--json")
+    r = invoke("dirq", "consume", str(q), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["reasons"] == {"parse": 1}
     assert "h-huge-seq.json" in os.listdir(q / "error")

@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from dirq_retry_support import make_queue, scripted_partner
 from mq_support import (
     EXERCISE,
@@ -40,7 +40,7 @@ from mq_support import (
     wait_for,
     write_claims,
 )
-from support import run_cli
+from support import http_server
 
 JSON = ("--log-format", "json", "--log-level", "info")
 
@@ -191,7 +191,7 @@ def test_dirq_consume_logs_json_lines_with_no_password_or_header_value(tmp_path:
     }
     with scripted_partner(plan=plan) as p:
         secret_url = p.url.replace("http://", "http://user:s3cretPW@", 1)
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q), "--id-field", "id", "--url", secret_url,
             "--header", f"X-Api-Key: {token}", "--flow", "invoices", "--json",
             "--immediate-retries", "0", "--retry-delays", "1s", "--no-breaker", *JSON,
@@ -220,7 +220,7 @@ def test_the_breaker_s_changes_are_json_lines_with_their_events(tmp_path: Path) 
     probes, and closes on the first success — each change one line with its event."""
     q = make_queue(tmp_path, [f"m{i:02d}" for i in range(20)])
     with scripted_partner(fail_first=1) as p:
-        r = run_cli(
+        r = invoke(
             "dirq", "consume", str(q), "--id-field", "id", "--url", p.url, "--flow", "invoices",
             "--json", "--immediate-retries", "0", "--retry-delays", "300ms",
             "--breaker-failures", "2", "--breaker-probe", "300ms", *JSON,
@@ -272,14 +272,8 @@ def echoing_partner() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api/x"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as url:
+        yield f"{url}/api/x"
 
 
 def test_onceq_run_names_each_flow_in_its_own_lines(tmp_path: Path) -> None:
@@ -300,7 +294,7 @@ def test_onceq_run_names_each_flow_in_its_own_lines(tmp_path: Path) -> None:
                 for name, q in (("alpha", "qa"), ("beta", "qb"))
             )
         )
-        r = run_cli(
+        r = invoke(
             "run", str(flows), "--until-empty", "--log-format", "json", "--log-level", "debug",
             env={"H3_TEST_KEY": token},
         )  # fmt: skip

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLE, open_db, plain_env, run_cli, snapshot
+from cli_support import invoke
+from support import SAMPLE, open_db, plain_env, snapshot
 
 SCRIPTS = ("consume.py", "lag.sh", "replay.sh")
 
@@ -34,7 +35,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("lab")
     cwd = base / "elsewhere"
     cwd.mkdir()
-    r = run_cli("lab", "fileq", "--root", str(base / "R"), "--json", cwd=cwd)
+    r = invoke("lab", "fileq", "--root", str(base / "R"), "--json", cwd=cwd)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["order_result"] == "OK"
     return base / "R" / "q"
@@ -68,7 +69,7 @@ def test_the_sample_run_gives_the_expected_layout(lab: Path) -> None:
 
 def test_order_check_sql_is_the_query_behind_order_result(lab: Path, tmp_path: Path) -> None:
     out = tmp_path / "again.txt"
-    r = run_cli(
+    r = invoke(
         "dirq", "order-check", "--db", str(lab / "ledger.db"),
         "--sql", str(lab / "order-check.sql"), "-o", str(out),
     )  # fmt: skip
@@ -92,7 +93,7 @@ def test_consume_py_again_from_anywhere_changes_nothing(lab: Path, tmp_path: Pat
 
 
 def test_consume_py_consumes_new_messages_into_its_own_queue(tmp_path: Path) -> None:
-    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run", cwd=tmp_path)
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     q = tmp_path / "R" / "q"
     r = _run([str(q / "consume.py")], Path("/"))  # executable, via its #! line
@@ -136,7 +137,7 @@ def test_lag_sh_exit_codes(lab: Path, tmp_path: Path) -> None:
 
 
 def test_replay_sh_exit_codes_and_effect(tmp_path: Path) -> None:
-    assert run_cli("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
+    assert invoke("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
     q = tmp_path / "R" / "q"
     replay = str(q / "replay.sh")
     before = snapshot(q)
@@ -158,7 +159,7 @@ def test_replay_sh_exit_codes_and_effect(tmp_path: Path) -> None:
 
 
 def test_no_run_only_queues_and_writes_the_scripts(tmp_path: Path) -> None:
-    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run", "--json")
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run", "--json")
     assert r.returncode == 0, r.stderr
     q = tmp_path / "R" / "q"
     assert len(os.listdir(q / "inbox")) == 20
@@ -180,7 +181,7 @@ def test_fixtures_from_a_folder(tmp_path: Path) -> None:
             json.dumps({"msg_id": f"x{i}", "order_no": "K", "seq": seq, "amount": 1, "vip": True})
         )
     (fx / "notes.txt").write_text("not a message")
-    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(fx), "--json")
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(fx), "--json")
     assert r.returncode == 0, r.stderr
     q = tmp_path / "R" / "q"
     assert json.loads(r.stdout)["queued"] == 3
@@ -193,25 +194,23 @@ def test_fixtures_from_a_folder(tmp_path: Path) -> None:
 
 def test_a_second_lab_run_is_refused_and_loses_nothing(lab: Path, tmp_path: Path) -> None:
     before = snapshot(lab)
-    r = run_cli("lab", "fileq", "--root", str(lab.parent))
+    r = invoke("lab", "fileq", "--root", str(lab.parent))
     assert r.returncode == 4
     assert r.stderr.startswith("onceq: ") and len(r.stderr.strip().splitlines()) == 1
     assert snapshot(lab) == before
 
 
 def test_bad_fixtures_are_refused_before_anything_is_made(tmp_path: Path) -> None:
-    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(tmp_path / "no"))
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(tmp_path / "no"))
     assert r.returncode == 3
     (tmp_path / "empty").mkdir()
-    r = run_cli(
-        "lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(tmp_path / "empty")
-    )
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--fixtures", str(tmp_path / "empty"))
     assert r.returncode == 2
     assert not (tmp_path / "R").exists()
 
 
 def test_lab_fileq_help_has_an_example() -> None:
-    r = run_cli("lab", "fileq", "--help")
+    r = invoke("lab", "fileq", "--help")
     assert r.returncode == 0
     assert "Example" in r.stdout
 
@@ -219,13 +218,13 @@ def test_lab_fileq_help_has_an_example() -> None:
 def test_a_root_or_q_that_is_a_file_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "file"
     root.write_text("not a folder")
-    r = run_cli("lab", "fileq", "--root", str(root))
+    r = invoke("lab", "fileq", "--root", str(root))
     assert r.returncode == 2  # click's own check of --root
     assert "Traceback" not in r.stderr
     assert root.read_text() == "not a folder"
     (tmp_path / "R").mkdir()
     (tmp_path / "R" / "q").write_text("mine")
-    r = run_cli("lab", "fileq", "--root", str(tmp_path / "R"))
+    r = invoke("lab", "fileq", "--root", str(tmp_path / "R"))
     assert r.returncode == 4
     assert r.stderr.startswith("onceq: ") and len(r.stderr.strip().splitlines()) == 1
     assert (tmp_path / "R" / "q").read_text() == "mine"
@@ -236,7 +235,7 @@ def test_a_root_or_q_that_is_a_file_is_refused(tmp_path: Path) -> None:
 def test_replay_sh_moves_a_file_whose_name_looks_like_an_option(tmp_path: Path, name: str) -> None:
     # Without `--` before the arguments, `replay.sh --help` printed help and exited 0
     # (a replay that silently did nothing) and `replay.sh --json` was a usage error.
-    assert run_cli("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
+    assert invoke("lab", "fileq", "--root", str(tmp_path / "R")).returncode == 0
     q = tmp_path / "R" / "q"
     (q / "error" / name).write_text("{}")
     r = _run([str(q / "replay.sh"), name], tmp_path)
@@ -251,7 +250,7 @@ def test_replay_sh_moves_a_file_whose_name_looks_like_an_option(tmp_path: Path, 
 
 
 def test_lag_sh_takes_a_queue_folder_whose_name_starts_with_a_dash(tmp_path: Path) -> None:
-    assert run_cli("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run").returncode == 0
-    assert run_cli("dirq", "init", "--", "-q", cwd=tmp_path).returncode == 0
+    assert invoke("lab", "fileq", "--root", str(tmp_path / "R"), "--no-run").returncode == 0
+    assert invoke("dirq", "init", "--", "-q", cwd=tmp_path).returncode == 0
     r = _run([str(tmp_path / "R" / "q" / "lag.sh"), "-q", "0"], tmp_path)
     assert (r.returncode, r.stdout) == (0, "inbox=0 processing=0 error=0\n"), r.stderr

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from mq_support import wait_for
 from onceq.ledger.retention import TABLE_NAMES, stats
 from onceq.ledger.target import is_pg_url, open_ledger
@@ -44,14 +45,14 @@ def test_prune_reports_what_it_removed_per_table_and_flow(ledger_target: str) ->
     newest_rows_are_new(ledger_target)
     before = _all_rows(ledger_target)
     dry = _json(
-        run_cli(
+        invoke(
             "ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--dry-run", "--json"
         )
     )
     assert _all_rows(ledger_target) == before
     assert dry["dry_run"] is True
     out = _json(
-        run_cli(
+        invoke(
             "ledger",
             "prune",
             "--older-than",
@@ -71,7 +72,7 @@ def test_prune_reports_what_it_removed_per_table_and_flow(ledger_target: str) ->
     assert out["total"] == sum(len(g[t]) for g in gone.values() for t in TABLE_NAMES)
     assert out["older_than_s"] == 30 * 86400.0 and out["dry_run"] is False
     # the human report: one line per table and flow, the same figures
-    again = run_cli("ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--flow", "a")
+    again = invoke("ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--flow", "a")
     assert again.returncode == 0, again.stderr
     assert "removed 0 rows older than" in again.stdout
     assert [ln.split() for ln in again.stdout.splitlines()[2:]] == [
@@ -85,7 +86,7 @@ def test_a_window_under_the_longest_retry_delay_is_refused_and_changes_nothing(
     fill(ledger_target, "slow")
     fill(ledger_target, "a")
     before = _all_rows(ledger_target)
-    r = run_cli("ledger", "prune", "--older-than", "5m", "--db", ledger_target)
+    r = invoke("ledger", "prune", "--older-than", "5m", "--db", ledger_target)
     line = _one_line(r, 2)
     assert "--older-than 5m: shorter than the longest retry delay (10m" in line
     assert "nothing pruned (--force" in line
@@ -97,22 +98,22 @@ def test_a_window_under_the_longest_retry_delay_is_refused_and_changes_nothing(
         '[flows.slow.retry]\ndelays = ["5s", "2h"]\n'
     )
     base = ("ledger", "prune", "--older-than", "1h", "--db", ledger_target, "--flows", str(flows))
-    line = _one_line(run_cli(*base), 2)
+    line = _one_line(invoke(*base), 2)
     assert "(2h, flow slow)" in line
-    line = _one_line(run_cli(*base, "--flow", "slow", "--json"), 2)
+    line = _one_line(invoke(*base, "--flow", "slow", "--json"), 2)
     assert "(2h, flow slow)" in line
     assert _all_rows(ledger_target) == before
     # another flow of that ledger has the default's floor (10 min): 1 h is allowed
-    out = _json(run_cli(*base, "--flow", "a", "--json"))
+    out = _json(invoke(*base, "--flow", "a", "--json"))
     assert out["removed"]["messages"] == {"a": 5}
-    out = _json(run_cli(*base, "--flow", "slow", "--force", "--json"))
+    out = _json(invoke(*base, "--flow", "slow", "--force", "--json"))
     assert out["removed"]["messages"] == {"slow": 5}
 
 
 def test_stats_prints_the_rows_counted(ledger_target: str) -> None:
     fill(ledger_target, "a")
     fill(ledger_target, "b")
-    out = _json(run_cli("ledger", "stats", "--db", ledger_target, "--json"))
+    out = _json(invoke("ledger", "stats", "--db", ledger_target, "--json"))
     with open_ledger(ledger_target, flow="a", create=False) as led:
         assert out == json.loads(json.dumps(stats(led)))  # the library's figures, as JSON
         for t in TABLE_NAMES:
@@ -120,7 +121,7 @@ def test_stats_prints_the_rows_counted(ledger_target: str) -> None:
                 n = led._q1(f"SELECT count(*) FROM {t} WHERE flow = ?", (flow,))[0]
                 assert out["tables"][t]["flows"][flow]["rows"] == n
     assert out["size_bytes"] > 0
-    human = run_cli("ledger", "stats", "--db", ledger_target)
+    human = invoke("ledger", "stats", "--db", ledger_target)
     assert human.returncode == 0, human.stderr
     lines = [ln.split() for ln in human.stdout.splitlines()]
     assert lines[2][:3] == ["messages", "(all)", "16"]
@@ -130,10 +131,10 @@ def test_stats_prints_the_rows_counted(ledger_target: str) -> None:
 def test_a_missing_ledger_is_exit_3_and_is_not_created(tmp_path: Path, pg_url: str) -> None:
     missing = tmp_path / "no-ledger.db"
     for args in (("stats",), ("prune", "--older-than", "30d")):
-        line = _one_line(run_cli("ledger", *args, "--db", str(missing)), 3)
+        line = _one_line(invoke("ledger", *args, "--db", str(missing)), 3)
         assert str(missing) in line
         assert not missing.exists()
-        _one_line(run_cli("ledger", *args, "--db", pg_url), 3)
+        _one_line(invoke("ledger", *args, "--db", pg_url), 3)
         import psycopg
 
         with psycopg.connect(pg_url) as conn:
@@ -160,7 +161,7 @@ def test_mistakes_are_one_line_exit_2_and_change_nothing(argv: list[str], tmp_pa
     target = str(tmp_path / "ledger.db")
     fill(target, "a")
     before = _all_rows(target)
-    r = run_cli("ledger", *[target if a == "L" else a for a in argv], env={"EAI_MQ_DB": ""})
+    r = invoke("ledger", *[target if a == "L" else a for a in argv], env={"EAI_MQ_DB": ""})
     _one_line(r, 2)
     assert r.stdout == ""
     assert _all_rows(target) == before
@@ -169,7 +170,7 @@ def test_mistakes_are_one_line_exit_2_and_change_nothing(argv: list[str], tmp_pa
 def test_eai_mq_db_names_the_ledger(tmp_path: Path) -> None:
     target = str(tmp_path / "ledger.db")
     fill(target, "a")
-    out = _json(run_cli("ledger", "stats", "--json", env={"EAI_MQ_DB": target}))
+    out = _json(invoke("ledger", "stats", "--json", env={"EAI_MQ_DB": target}))
     assert out["ledger"] == target and out["tables"]["messages"]["rows"] == 8
 
 
@@ -180,14 +181,14 @@ def test_a_url_password_is_never_printed() -> None:
         assert is_pg_url(secret_url)
         fill(url, "a")
         runs = [
-            run_cli("ledger", "stats", "--db", secret_url),
-            run_cli("ledger", "stats", "--db", secret_url, "--json"),
-            run_cli("ledger", "prune", "--older-than", "30d", "--db", secret_url, "--dry-run"),
-            run_cli("ledger", "prune", "--older-than", "30d", "--db", secret_url, "--json"),
-            run_cli("ledger", "prune", "--older-than", "1m", "--db", secret_url),  # refused
+            invoke("ledger", "stats", "--db", secret_url),
+            invoke("ledger", "stats", "--db", secret_url, "--json"),
+            invoke("ledger", "prune", "--older-than", "30d", "--db", secret_url, "--dry-run"),
+            invoke("ledger", "prune", "--older-than", "30d", "--db", secret_url, "--json"),
+            invoke("ledger", "prune", "--older-than", "1m", "--db", secret_url),  # refused
             # a database that does not exist: the driver's own error text
-            run_cli("ledger", "stats", "--db", secret_url.rsplit("/", 1)[0] + "/no_such_db"),
-            run_cli("ledger", "stats", "--db", "postgresql://postgres:s3cret@127.0.0.1:1/x"),
+            invoke("ledger", "stats", "--db", secret_url.rsplit("/", 1)[0] + "/no_such_db"),
+            invoke("ledger", "stats", "--db", "postgresql://postgres:s3cret@127.0.0.1:1/x"),
         ]
         for r in runs:
             assert "s3cret" not in r.stdout + r.stderr, (r.args, r.stdout, r.stderr)
@@ -249,7 +250,7 @@ def test_a_prune_killed_midway_leaves_a_sound_ledger_and_a_second_one_finishes(
     assert 0 < left() < n_old - 500  # killed midway
     with open_ledger(ledger_target, flow="a", create=False) as led:
         still_old = int(led._q1("SELECT count(*) FROM messages WHERE processed_at = ?", (OLD,))[0])
-    out = _json(run_cli("ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--json"))
+    out = _json(invoke("ledger", "prune", "--older-than", "30d", "--db", ledger_target, "--json"))
     after = _all_rows(ledger_target)
     for t in TABLE_NAMES:
         extra = {("a", f"x-{i:05}") for i in range(n_old)} if t == "messages" else set()

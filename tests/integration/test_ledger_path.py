@@ -12,17 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke, sample_queue
 from mq_support import EXERCISE, claim_doc, cli, publish, queues, topology, write_claims
-from support import SAMPLE, run_cli, snapshot
+from support import run_cli, snapshot
 
 NOTE = "no message seen before"
-
-
-def _queue(tmp_path: Path) -> Path:
-    q = tmp_path / "q"
-    r = run_cli("dirq", "init", str(q), "--from", str(SAMPLE))
-    assert r.returncode == 0, r.stderr
-    return q
 
 
 def _refused(r: object, folder: Path) -> None:
@@ -35,11 +29,13 @@ def _refused(r: object, folder: Path) -> None:
 
 
 def test_dirq_consume_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     typo = tmp_path / "ledgers-typo" / "deep"
     before = snapshot(tmp_path)
     for args in ((), ("--workers", "2"), ("--json",)):
-        r = run_cli("dirq", "consume", str(q), "--db", str(typo / "ledger.db"), *args)
+        # --workers forks: that one in a process of its own, not a fork of the test's.
+        run = run_cli if "--workers" in args else invoke
+        r = run("dirq", "consume", str(q), "--db", str(typo / "ledger.db"), *args)
         _refused(r, typo)
         assert r.stdout == ""
     assert not (tmp_path / "ledgers-typo").exists()
@@ -47,45 +43,45 @@ def test_dirq_consume_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) 
 
 
 def test_dirq_replay_with_a_mistyped_db_folder_changes_nothing(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
-    assert run_cli("dirq", "consume", str(q)).returncode == 0
+    q = sample_queue(tmp_path)
+    assert invoke("dirq", "consume", str(q)).returncode == 0
     bad = sorted(p.name for p in (q / "error").iterdir())[0]
     before = snapshot(tmp_path)
-    r = run_cli("dirq", "replay", str(q), bad, "--db", str(tmp_path / "nope" / "ledger.db"))
+    r = invoke("dirq", "replay", str(q), bad, "--db", str(tmp_path / "nope" / "ledger.db"))
     _refused(r, tmp_path / "nope")
     assert snapshot(tmp_path) == before  # still in error/, not in inbox/
 
 
 def test_a_new_ledger_is_announced_once_and_stdout_stays_json(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     db = tmp_path / "ledger.db"  # its folder exists: a new ledger may be made there
-    r = run_cli("dirq", "consume", str(q), "--db", str(db), "--json")
+    r = invoke("dirq", "consume", str(q), "--db", str(db), "--json")
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"onceq: new ledger at {db}: {NOTE}\n"
     assert json.loads(r.stdout)["processed"] > 0
     # An existing ledger: not a word.
     (q / "inbox" / "late.json").write_text(json.dumps({"msg_id": "late", "order_no": "L"}))
-    r = run_cli("dirq", "consume", str(q), "--db", str(db), "--json")
+    r = invoke("dirq", "consume", str(q), "--db", str(db), "--json")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert json.loads(r.stdout)["received"] == 1
 
 
 def test_the_default_ledger_beside_the_queue_is_made_and_announced(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
-    r = run_cli("dirq", "consume", str(q), "--workers", "2")
+    q = sample_queue(tmp_path)
+    r = run_cli("dirq", "consume", str(q), "--workers", "2")  # forks: a process of its own
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(NOTE) == 1 and f"new ledger at {q / 'ledger.db'}" in r.stderr
     assert (q / "ledger.db").is_file()
-    r = run_cli("dirq", "consume", str(q))
+    r = invoke("dirq", "consume", str(q))
     assert r.returncode == 0 and NOTE not in r.stderr
 
 
 def test_a_replay_that_makes_the_ledger_says_so(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
-    assert run_cli("dirq", "consume", str(q)).returncode == 0
+    q = sample_queue(tmp_path)
+    assert invoke("dirq", "consume", str(q)).returncode == 0
     bad = sorted(p.name for p in (q / "error").iterdir())[0]
     other = tmp_path / "other.db"
-    r = run_cli("dirq", "replay", str(q), bad, "--db", str(other))
+    r = invoke("dirq", "replay", str(q), bad, "--db", str(other))
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"onceq: new ledger at {other}: {NOTE}\n"
 

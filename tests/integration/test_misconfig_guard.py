@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from mq_stub import Script, scripted_partner
 from support import plain_env, run_cli
 
@@ -35,7 +36,7 @@ def invoices(folder: Path, n: int, start: int = 0) -> Path:
 
 def queue(tmp_path: Path, n: int, name: str = "q") -> Path:
     q = tmp_path / name
-    r = run_cli("dirq", "init", str(q), "--from", str(invoices(tmp_path / f"{name}-src", n)))
+    r = invoke("dirq", "init", str(q), "--from", str(invoices(tmp_path / f"{name}-src", n)))
     assert r.returncode == 0, r.stderr
     return q
 
@@ -54,7 +55,7 @@ def last_line(stderr: str) -> str:
 
 def test_a_typod_id_field_stops_after_ten_of_a_thousand_files(tmp_path: Path) -> None:
     q = queue(tmp_path, 1000)
-    r = run_cli("dirq", "consume", str(q), *TYPO)
+    r = invoke("dirq", "consume", str(q), *TYPO)
     assert r.returncode == 10, r.stderr
     assert count(q, "error") == 10 and count(q, "inbox") == 990, r.stdout
     assert count(q, "processing") == 0 and count(q, "done") == 0
@@ -65,7 +66,7 @@ def test_a_typod_id_field_stops_after_ten_of_a_thousand_files(tmp_path: Path) ->
     assert "ACME" not in r.stderr and "INV-" not in r.stderr  # keys, never values
     assert "10 quarantined (missing-field 10)" in r.stdout
     # Fixed, the next run takes the rest, and the ten are a replay away (error/).
-    again = run_cli("dirq", "consume", str(q), "--id-field", "invoiceId")
+    again = invoke("dirq", "consume", str(q), "--id-field", "invoiceId")
     assert again.returncode == 0, again.stderr
     assert count(q, "done") == 990 and count(q, "error") == 10
 
@@ -74,6 +75,7 @@ def test_several_workers_share_the_first_n(tmp_path: Path) -> None:
     """--workers 3: the first 10 of the whole run, plus at most one verdict per other
     worker that was being reached when the first one tripped (docs/architecture.md)."""
     q = queue(tmp_path, 1000)
+    # A process of its own: --workers forks, and a fork of the test process is no user's.
     r = run_cli("dirq", "consume", str(q), *TYPO, "--workers", "3", "--json")
     assert r.returncode == 10, r.stderr
     assert 10 <= count(q, "error") <= 10 + 2, count(q, "error")
@@ -84,19 +86,19 @@ def test_several_workers_share_the_first_n(tmp_path: Path) -> None:
 
 def test_a_small_batch_that_only_failed_exits_11_and_a_mixed_one_0(tmp_path: Path) -> None:
     small = queue(tmp_path, 5, "small")
-    r = run_cli("dirq", "consume", str(small), *TYPO)
+    r = invoke("dirq", "consume", str(small), *TYPO)
     assert r.returncode == 11, r.stderr
     assert last_line(r.stderr) == (
         f"onceq: {small}: every message failed: 5 quarantined (missing-field 5)"
     )
     assert count(small, "error") == 5
     off = queue(tmp_path, 30, "off")
-    r = run_cli("dirq", "consume", str(off), *TYPO, "--no-guard")
+    r = invoke("dirq", "consume", str(off), *TYPO, "--no-guard")
     assert r.returncode == 11, r.stderr
     assert count(off, "error") == 30 and count(off, "inbox") == 0
     mixed = queue(tmp_path, 20, "mixed")
     (mixed / "inbox" / "inv-00003.json").write_text('{"other": 1}')
-    r = run_cli("dirq", "consume", str(mixed), "--id-field", "invoiceId")
+    r = invoke("dirq", "consume", str(mixed), "--id-field", "invoiceId")
     assert r.returncode == 0, r.stderr
     assert (count(mixed, "done"), count(mixed, "error")) == (19, 1)
 
@@ -105,11 +107,11 @@ def test_guard_failures_sets_the_threshold_and_a_contradiction_is_refused(
     tmp_path: Path,
 ) -> None:
     q = queue(tmp_path, 50)
-    r = run_cli("dirq", "consume", str(q), *TYPO, "--guard-failures", "3")
+    r = invoke("dirq", "consume", str(q), *TYPO, "--guard-failures", "3")
     assert r.returncode == 10, r.stderr
     assert count(q, "error") == 3 and count(q, "inbox") == 47
     before = sorted(os.listdir(q / "inbox"))
-    r = run_cli("dirq", "consume", str(q), *TYPO, "--no-guard", "--guard-failures", "3")
+    r = invoke("dirq", "consume", str(q), *TYPO, "--no-guard", "--guard-failures", "3")
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["onceq: --guard-failures: the guard is off (--no-guard)"]
     assert sorted(os.listdir(q / "inbox")) == before
@@ -121,7 +123,7 @@ def test_a_partner_that_refuses_the_credentials_stops_the_run(tmp_path: Path) ->
     q = queue(tmp_path, 200)
     with scripted_partner(Script(default=401)) as base:
         url = base.replace("http://", "http://svc:pa55w0rd@") + "/api/invoices"
-        r = run_cli("dirq", "consume", str(q), "--id-field", "invoiceId", "--url", url)
+        r = invoke("dirq", "consume", str(q), "--id-field", "invoiceId", "--url", url)
     assert r.returncode == 10, r.stderr
     assert 10 <= count(q, "error") <= 19 and count(q, "inbox") + count(q, "error") == 200
     line = last_line(r.stderr)
@@ -132,7 +134,7 @@ def test_a_partner_that_refuses_the_credentials_stops_the_run(tmp_path: Path) ->
 def test_the_orders_preset_quarantines_every_bad_file_and_exits_0(tmp_path: Path) -> None:
     """The exercise's rule (seed 000): bad files go to error/, the run goes on."""
     q = queue(tmp_path, 40)  # invoices: none is an order, every one lacks msg_id …
-    r = run_cli("dirq", "consume", str(q))
+    r = invoke("dirq", "consume", str(q))
     assert r.returncode == 0, r.stderr
     assert count(q, "error") == 40 and count(q, "inbox") == 0
     assert r.stdout.startswith("every message failed: 40 quarantined")
@@ -140,7 +142,7 @@ def test_the_orders_preset_quarantines_every_bad_file_and_exits_0(tmp_path: Path
 
 def test_the_labs_consume_py_keeps_the_exercises_rule(tmp_path: Path) -> None:
     root = tmp_path / "R"
-    r = run_cli("lab", "fileq", "--root", str(root), "--no-run")
+    r = invoke("lab", "fileq", "--root", str(root), "--no-run")
     assert r.returncode == 0, r.stderr
     q = root / "q"
     for f in os.listdir(q / "inbox"):
@@ -167,7 +169,7 @@ def flow_file(tmp_path: Path, q: Path, extra: str = "") -> Path:
 
 def test_onceq_run_stops_a_misconfigured_flow_with_10(tmp_path: Path) -> None:
     q = queue(tmp_path, 300)
-    r = run_cli("run", str(flow_file(tmp_path, q)), "--until-empty")
+    r = invoke("run", str(flow_file(tmp_path, q)), "--until-empty")
     assert r.returncode == 10, r.stderr
     line = last_line(r.stderr)
     assert line.startswith("onceq: flow invoices: misconfigured? the first 10"), line
@@ -177,8 +179,8 @@ def test_onceq_run_stops_a_misconfigured_flow_with_10(tmp_path: Path) -> None:
 def test_a_flow_files_guard_key(tmp_path: Path) -> None:
     q = queue(tmp_path, 30)
     f = flow_file(tmp_path, q, "guard = false\n")
-    assert "no guard" in run_cli("check", str(f)).stdout
-    r = run_cli("run", str(f), "--until-empty")
+    assert "no guard" in invoke("check", str(f)).stdout
+    r = invoke("run", str(f), "--until-empty")
     assert r.returncode == 11, r.stderr
     assert last_line(r.stderr) == (
         "onceq: flow invoices: every message failed: 30 quarantined (missing-field 30)"
@@ -186,8 +188,8 @@ def test_a_flow_files_guard_key(tmp_path: Path) -> None:
     assert count(q, "error") == 30
     q2 = queue(tmp_path, 30, "q2")
     f = flow_file(tmp_path, q2, "[flows.invoices.guard]\nfailures = 4\n")
-    assert "guard 4" in run_cli("check", str(f)).stdout
-    r = run_cli("run", str(f), "--until-empty")
+    assert "guard 4" in invoke("check", str(f)).stdout
+    r = invoke("run", str(f), "--until-empty")
     assert r.returncode == 10 and count(q2, "error") == 4, r.stderr
 
 
@@ -201,6 +203,6 @@ def test_a_flow_files_guard_key(tmp_path: Path) -> None:
 )
 def test_a_wrong_guard_key_is_one_line_and_exit_2(tmp_path: Path, value: str, why: str) -> None:
     f = flow_file(tmp_path, tmp_path / "q", value + "\n")
-    r = run_cli("check", str(f))
+    r = invoke("check", str(f))
     assert r.returncode == 2
     assert any(why in line for line in r.stderr.splitlines()), r.stderr

@@ -56,9 +56,9 @@ def test_an_unfinished_batch_names_the_flows_queue(amqp_url: str, tmp_path: Path
 def test_the_help_speaks_of_any_queue_not_only_claim_in() -> None:
     """With --queue the in-flight messages return to that queue, and --until-empty
     waits for it: the help says "the queue", and --claim takes a URL."""
-    from support import run_cli
+    from cli_support import invoke
 
-    r = run_cli("mq", "consume", "--help")
+    r = invoke("mq", "consume", "--help")
     text = " ".join(r.stdout.split())
     assert "--claim URL" in text
     assert "the in-flight messages return to the queue" in text

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from mq_support import CLAIMS, count, ctl, partner, post, queues, rows, wait_for
 from support import plain_env, run_cli
 
@@ -117,7 +118,7 @@ def test_stub_delay_overlaps_concurrent_calls() -> None:
 
 def test_stub_refuses_a_busy_port_in_one_line() -> None:
     with partner() as p:
-        r = run_cli("partner", "claim", "--port", str(p.port), timeout=20)
+        r = invoke("partner", "claim", "--port", str(p.port), timeout=20)
     assert r.returncode == 2 and str(p.port) in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 

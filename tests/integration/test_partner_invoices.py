@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from mq_support import partner, post, wait_for
-from support import run_cli
 
 INVOICE = {"invoiceId": "INV-1", "customer": "ACME", "total": 120.5}
 
@@ -180,7 +180,7 @@ def test_delay_applies_to_every_call_and_concurrent_calls_overlap() -> None:
 
 def test_a_busy_port_is_refused_in_one_line() -> None:
     with partner(kind="invoices") as p:
-        r = run_cli("partner", "invoices", "--port", str(p.port), timeout=20)
+        r = invoke("partner", "invoices", "--port", str(p.port), timeout=20)
         assert p.proc.poll() is None  # the running stub is untouched
         assert _post(p.url, INVOICE, "INV-1")[0] == 201
     assert r.returncode == 2, r.stderr
@@ -190,11 +190,11 @@ def test_a_busy_port_is_refused_in_one_line() -> None:
 
 
 def test_command_help_and_option_refusals() -> None:
-    r = run_cli("partner", "invoices", "--help")
+    r = invoke("partner", "invoices", "--help")
     assert r.returncode == 0, r.stderr
     assert "Example:" in r.stdout and "onceq partner invoices --port 9300" in r.stdout
     assert "default: 9300" in r.stdout
     for args in (["--delay", "nan"], ["--delay", "-1"], ["--port", "70000"]):
-        r = run_cli("partner", "invoices", "--port", "0", *args)
+        r = invoke("partner", "invoices", "--port", "0", *args)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (args, r.stderr)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from mq_support import partner, post, wait_for
-from support import run_cli
 
 CLAIM = json.dumps({"guid": "G-1", "claimId": "C-1", "docs": ["a.pdf"]}).encode()
 
@@ -205,7 +205,7 @@ def test_outage_requests_that_cannot_be_had_are_refused_and_change_nothing() -> 
     ],
 )
 def test_option_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
-    r = run_cli("partner", "claim", "--port", "0", *args, timeout=30)
+    r = invoke("partner", "claim", "--port", "0", *args, timeout=30)
     assert r.returncode == 2, r
     assert r.stderr.strip() == message and r.stdout == ""
 
@@ -222,7 +222,7 @@ def test_option_mistakes_are_one_line_and_exit_2(args: list[str], message: str) 
     ],
 )
 def test_option_values_out_of_range_exit_2(args: list[str]) -> None:
-    r = run_cli("partner", "invoices", "--port", "0", *args, timeout=30)
+    r = invoke("partner", "invoices", "--port", "0", *args, timeout=30)
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr and r.stdout == ""
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cli_support import invoke, sample_queue
 from mq_support import EXERCISE, claim_doc, cli, partner, publish, topology, write_claims
 from pg_cli import SECRET, assert_no_leak, with_secret
-from support import SAMPLE, run_cli
+from support import run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -33,32 +34,26 @@ def _ok(r: object) -> str:
     return r.stdout  # type: ignore[attr-defined]
 
 
-def _queue(root: Path) -> Path:
-    q = root / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
-    return q
-
-
 def test_dirq_on_postgresql_gives_what_sqlite_gives(tmp_path: Path, pg_url: str) -> None:
     """consume, report, order-check, dead list: the same counts, files and rows."""
     db = with_secret(pg_url)
-    lite, pg = _queue(tmp_path / "lite"), _queue(tmp_path / "pg")
+    lite, pg = sample_queue(tmp_path / "lite"), sample_queue(tmp_path / "pg")
     out = {}
     for q, where in ((lite, []), (pg, ["--db", db])):
-        r = run_cli("dirq", "consume", str(q), "--json", *where)
+        r = invoke("dirq", "consume", str(q), "--json", *where)
         out[q] = json.loads(_ok(r))
         if q == pg:  # a new ledger is announced, masked
             assert f"new ledger at {pg_url.replace('postgres@', 'postgres:***@')}" in r.stderr
     assert out[pg] == out[lite] and out[pg]["processed"] == 15, out
     for q, where in ((lite, []), (pg, ["--db", db])):
-        _ok(run_cli("dirq", "report", str(q), *where))
+        _ok(invoke("dirq", "report", str(q), *where))
         out[q] = (
             (q / "dup.txt").read_text(),
             (q / "error.csv").read_text(),
-            _ok(run_cli("dirq", "order-check", str(q), *where)),
+            _ok(invoke("dirq", "order-check", str(q), *where)),
             [
                 {k: v for k, v in d.items() if k != "at"}
-                for d in json.loads(_ok(run_cli("dirq", "dead", "list", str(q), "--json", *where)))
+                for d in json.loads(_ok(invoke("dirq", "dead", "list", str(q), "--json", *where)))
             ],
         )
     assert out[pg] == out[lite], out
@@ -81,8 +76,8 @@ def test_order_check_on_postgresql_finds_the_gaps_sqlite_finds(tmp_path: Path, p
         for mid, order, seq in docs:
             doc = {"msg_id": mid, "order_no": order, "seq": seq, "amount": 1}
             (q / "inbox" / f"{mid}.json").write_text(json.dumps(doc))
-        _ok(run_cli("dirq", "consume", str(q), *where))
-        r = run_cli("dirq", "order-check", str(q), "--json", *where)
+        _ok(invoke("dirq", "consume", str(q), *where))
+        r = invoke("dirq", "order-check", str(q), "--json", *where)
         assert r.returncode == 1, r.stderr  # problems found
         results.append(json.loads(r.stdout))
     assert results[0] == results[1]
@@ -94,7 +89,8 @@ def test_order_check_on_postgresql_finds_the_gaps_sqlite_finds(tmp_path: Path, p
 
 
 def test_dirq_workers_share_one_postgresql_ledger(tmp_path: Path, pg_url: str) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
+    # --workers forks: a process of its own, not a fork of the test's.
     stats = json.loads(
         _ok(run_cli("dirq", "consume", str(q), "--db", with_secret(pg_url), "--workers", "2",
                     "--json"))
@@ -106,18 +102,18 @@ def test_dirq_workers_share_one_postgresql_ledger(tmp_path: Path, pg_url: str) -
 
 def test_dirq_replay_and_dead_list_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     db = with_secret(pg_url)
-    q = _queue(tmp_path)
-    _ok(run_cli("dirq", "consume", str(q), "--db", db))
-    _ok(run_cli("dirq", "replay", str(q), "msg-009.json", "--db", db))
-    _ok(run_cli("dirq", "replay", str(q), "--reason", "missing-field", "--db", db))
+    q = sample_queue(tmp_path)
+    _ok(invoke("dirq", "consume", str(q), "--db", db))
+    _ok(invoke("dirq", "replay", str(q), "msg-009.json", "--db", db))
+    _ok(invoke("dirq", "replay", str(q), "--reason", "missing-field", "--db", db))
     assert sorted(p.name for p in (q / "inbox").iterdir()) == ["msg-009.json", "msg-015.json"]
     assert _rows(pg_url, "SELECT transport, op, count FROM onceq.dead_ops") == [
         ("dirq", "replay", 1)
     ]
     assert _rows(pg_url, "SELECT count(*) FROM onceq.replays") == [(2,)]
     # Consumed again: both fail again, their attempts counted from the replay.
-    _ok(run_cli("dirq", "consume", str(q), "--db", db))
-    listed = json.loads(_ok(run_cli("dirq", "dead", "list", str(q), "--db", db, "--json")))
+    _ok(invoke("dirq", "consume", str(q), "--db", db))
+    listed = json.loads(_ok(invoke("dirq", "dead", "list", str(q), "--db", db, "--json")))
     assert [(d["file"], d["attempts"]) for d in listed] == [
         ("msg-009.json", 1),
         ("msg-015.json", 1),
@@ -128,7 +124,7 @@ def test_reading_commands_never_create_a_postgresql_ledger(tmp_path: Path, pg_ur
     """report, order-check, dead list, replay --all on a database without onceq's
     schema: exit 3, one masked line, and still no schema afterwards."""
     db = with_secret(pg_url)
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     for args in (
         ["dirq", "report", str(q)],
         ["dirq", "order-check"],
@@ -136,7 +132,7 @@ def test_reading_commands_never_create_a_postgresql_ledger(tmp_path: Path, pg_ur
         ["dirq", "replay", str(q), "--all"],
         ["mq", "dead", "list"],
     ):
-        r = run_cli(*args, "--db", db)
+        r = invoke(*args, "--db", db)
         assert r.returncode == 3, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert_no_leak(r.stdout + r.stderr, [SECRET], args)
@@ -206,11 +202,11 @@ def test_a_flow_file_with_a_postgresql_ledger_and_an_sql_effect(
     name = pg_url.rsplit("/", 1)[1]
     (tmp_path / "flows.toml").write_text(SQL_FLOWS.replace("DBNAME", name))
     (tmp_path / "book.py").write_text(BOOK)
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     env = {"PGPW": SECRET}
-    out = _ok(run_cli("check", str(tmp_path / "flows.toml"), env=env))
+    out = _ok(invoke("check", str(tmp_path / "flows.toml"), env=env))
     assert "ledger postgresql://postgres:***@127.0.0.1:5432/" in out
-    r = run_cli("run", str(tmp_path / "flows.toml"), "--until-empty", "--json", env=env)
+    r = invoke("run", str(tmp_path / "flows.toml"), "--until-empty", "--json", env=env)
     report = json.loads(_ok(r))
     assert report["ledger"] == f"postgresql://postgres:***@127.0.0.1:5432/{name}"
     assert report["flows"]["orders"]["processed"] == 15, report
@@ -220,7 +216,7 @@ def test_a_flow_file_with_a_postgresql_ledger_and_an_sql_effect(
     # The same messages again (all of done/ back into inbox/): duplicates, no new rows.
     for f in (q / "done").iterdir():
         shutil.move(f, q / "inbox" / f.name)
-    r = run_cli("run", str(tmp_path / "flows.toml"), "--until-empty", "--json", env=env)
+    r = invoke("run", str(tmp_path / "flows.toml"), "--until-empty", "--json", env=env)
     again = json.loads(_ok(r))["flows"]["orders"]
     assert (again["processed"], again["duplicates"]) == (0, 18), again
     assert "new ledger" not in r.stderr
@@ -230,7 +226,7 @@ def test_a_flow_file_with_a_postgresql_ledger_and_an_sql_effect(
 def test_the_python_api_takes_a_url(tmp_path: Path, pg_url: str) -> None:
     import onceq
 
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     flow = onceq.Flow("api", onceq.DirSource(q), onceq.MessageSpec(id_field="msg_id"))
     stats = onceq.run(flow, ledger=with_secret(pg_url), until_empty=True)["api"]
     # No field required but the id: msg-015 (no amount) too; msg-009 does not parse.
@@ -253,7 +249,7 @@ def test_a_ledger_that_cannot_be_opened_is_exit_8_in_one_masked_line(
     the driver's reason, the queue untouched."""
     from support import snapshot
 
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     url = f"postgresql://postgres:{SECRET}@{where}"
     before = snapshot(tmp_path)
     for args in (
@@ -261,7 +257,7 @@ def test_a_ledger_that_cannot_be_opened_is_exit_8_in_one_masked_line(
         ["dirq", "report", str(q), "--db", url],
         ["dirq", "replay", str(q), "--all", "--db", url],
     ):
-        r = run_cli(*args)
+        r = invoke(*args)
         assert r.returncode == 8, (args, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import sample_queue
 from mq_support import CLAIMS, EXERCISE, partner, publish, topology
-from support import SAMPLE, run_cli
+from support import run_cli
 
 CLEAR = "\r\x1b[2K"
 
@@ -52,14 +53,8 @@ def run_in_pty(
     return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
 
 
-def _queue(tmp_path: Path) -> Path:
-    q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q), "--from", str(SAMPLE)).returncode == 0
-    return q
-
-
 def test_dirq_consume_on_a_terminal_shows_progress_and_erases_it(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     code, out = run_in_pty("dirq", "consume", str(q))
     assert code == 0, out
     # The status line: its final counts are drawn once before it is erased, so this
@@ -77,7 +72,7 @@ def test_dirq_consume_on_a_terminal_shows_progress_and_erases_it(tmp_path: Path)
 
 
 def test_dirq_consume_piped_shows_no_progress(tmp_path: Path) -> None:
-    q = _queue(tmp_path)
+    q = sample_queue(tmp_path)
     r = run_cli("dirq", "consume", str(q))
     assert r.returncode == 0, r.stderr
     # Only the new-ledger note (this run made the ledger): no progress line, no escapes.

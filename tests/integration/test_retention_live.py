@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from mq_support import partner, wait_for
 from onceq.ledger.target import open_ledger
 from retention_support import backdate, ok
-from support import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def _old_rows(target: str) -> None:
 
 def test_prune_beside_a_running_consumer(ledger_target: str, tmp_path: Path) -> None:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q)).returncode == 0
+    assert invoke("dirq", "init", str(q)).returncode == 0
     _old_rows(ledger_target)
     with partner(kind="invoices") as p:
         flows = tmp_path / "flows.toml"

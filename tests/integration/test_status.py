@@ -24,9 +24,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from cli_support import invoke
 from mq_support import claim_doc, cli, ctl, partner, vhost, wait_for, write_claims
 from onceq.ledger.target import is_pg_url
-from support import run_cli, snapshot
+from support import snapshot
 
 
 def truth_ledger(target: str, flow: str) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def flow_file(tmp_path: Path, ledger: str, amqp_url: str, partner_url: str) -> P
 
 
 def status_json(*args: str, cwd: Path | None = None) -> dict[str, Any]:
-    got = run_cli("status", *args, "--json", cwd=cwd)
+    got = invoke("status", *args, "--json", cwd=cwd)
     assert got.returncode == 0, got.stderr
     return json.loads(got.stdout)
 
@@ -107,7 +108,7 @@ def test_status_json_matches_the_ledger_the_folders_and_the_broker(
 ) -> None:
     with partner(keys=False) as p:
         f = flow_file(tmp_path, ledger_target, amqp_url, p.url)
-        assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+        assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
         good = [claim_doc(f"d{i}") for i in range(5)]
         write_claims(
             tmp_path / "q" / "inbox",
@@ -127,7 +128,7 @@ def test_status_json_matches_the_ledger_the_folders_and_the_broker(
         )
         r = cli(amqp_url, "mq", "publish", *map(str, sent))
         assert r.returncode == 0, r.stderr
-        r = run_cli("run", str(f), "--flow", "files", "--until-empty", timeout=120)
+        r = invoke("run", str(f), "--flow", "files", "--until-empty", timeout=120)
         assert r.returncode == 0, r.stderr
         # The RabbitMQ flow until everything is settled (--until-empty would wait for
         # the copy in the 10m tier): processed, dead-lettered, in its tier; then SIGTERM.
@@ -208,7 +209,7 @@ def test_status_json_matches_the_ledger_the_folders_and_the_broker(
 def test_status_never_creates_or_changes_a_ledger(tmp_path: Path) -> None:
     f = tmp_path / "flows.toml"
     f.write_text('ledger = "ledger.db"\n[flows.a]\nsource = "dirq"\npath = "q"\nid_field = "id"\n')
-    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
     before = snapshot(tmp_path)
     doc = status_json(str(f))
     assert snapshot(tmp_path) == before  # a missing ledger is not created
@@ -223,7 +224,7 @@ def test_status_never_creates_or_changes_a_ledger(tmp_path: Path) -> None:
     # A ledger with rows: its bytes are the same after status.
     (tmp_path / "q" / "inbox" / "m1.json").write_text('{"id": "m1"}')
     (tmp_path / "q" / "inbox" / "m2.json").write_text('{"x": 1}')
-    assert run_cli("run", str(f), "--until-empty").returncode == 0
+    assert invoke("run", str(f), "--until-empty").returncode == 0
     db = tmp_path / "ledger.db"
     raw = db.read_bytes()
     doc = status_json(str(f))
@@ -258,7 +259,7 @@ def test_one_flows_trouble_is_its_entrys_reason(tmp_path: Path, amqp_url: str) -
         '[flows.novhost]\nsource = "rabbitmq"\nqueue = "x.in"\n'
         f'url = "{amqp_url.rsplit("/", 1)[0]}/no-such-vhost"\n'
     )
-    got = run_cli("status", str(f), "--json")
+    got = invoke("status", str(f), "--json")
     assert got.returncode == 0, got.stderr
     assert "s3cr3t-pw" not in got.stdout + got.stderr  # no URL password, out or err
     assert got.stderr == ""  # aiormq's own connection errors stay quiet
@@ -274,17 +275,17 @@ def test_one_flows_trouble_is_its_entrys_reason(tmp_path: Path, amqp_url: str) -
 def test_mistakes_are_one_line_each(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[flows.a]\nsource = "dirq"\n[flows.b]\nsource = "nats"\npath = "q"\n')
-    got = run_cli("status", str(bad))
+    got = invoke("status", str(bad))
     assert got.returncode == 2 and got.stdout == ""
     lines = got.stderr.splitlines()
     assert len(lines) >= 2 and all(x.startswith("onceq: ") for x in lines), lines
     assert "Traceback" not in got.stderr
-    got = run_cli("status", str(tmp_path / "missing.toml"))
+    got = invoke("status", str(tmp_path / "missing.toml"))
     assert got.returncode == 3 and len(got.stderr.splitlines()) == 1, got.stderr
-    got = run_cli("status", cwd=tmp_path)  # no ./flows.toml, no --db
+    got = invoke("status", cwd=tmp_path)  # no ./flows.toml, no --db
     assert got.returncode == 3 and len(got.stderr.splitlines()) == 1, got.stderr
     assert "flows.toml" in got.stderr
-    got = run_cli("status", "--flow", "zz", str(bad.with_name("ok.toml")))
+    got = invoke("status", "--flow", "zz", str(bad.with_name("ok.toml")))
     assert got.returncode == 3
 
 
@@ -297,27 +298,27 @@ def test_default_flow_file_and_flow_filter(tmp_path: Path) -> None:
     assert list(doc["flows"]) == ["a", "b"]
     doc = status_json("--flow", "b", cwd=tmp_path)
     assert list(doc["flows"]) == ["b"]
-    got = run_cli("status", "--flow", "zz", cwd=tmp_path)
+    got = invoke("status", "--flow", "zz", cwd=tmp_path)
     assert got.returncode == 2 and "zz" in got.stderr
 
 
 @pytest.mark.parametrize("args", [("--interval", "0"), ("--interval", "nan")])
 def test_bad_interval_is_usage(tmp_path: Path, args: tuple[str, ...]) -> None:
-    got = run_cli("status", "--db", str(tmp_path / "l.db"), "--watch", *args)
+    got = invoke("status", "--db", str(tmp_path / "l.db"), "--watch", *args)
     assert got.returncode == 2 and "Traceback" not in got.stderr
 
 
 def test_an_unreachable_ledger(tmp_path: Path) -> None:
     url = "postgresql://postgres:s3cr3t-pw@127.0.0.1:1/x"
-    got = run_cli("status", "--db", url)
+    got = invoke("status", "--db", url)
     assert got.returncode == 8 and len(got.stderr.splitlines()) == 1, got.stderr
     assert "s3cr3t-pw" not in got.stdout + got.stderr
     # With a flow file the queues are still shown; the ledger's trouble is its note.
     f = tmp_path / "flows.toml"
     f.write_text(f'ledger = "{url}"\n[flows.a]\nsource = "dirq"\npath = "q"\nid_field = "id"\n')
-    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
     doc = status_json(str(f))
     assert doc["ledger"]["error"] and "s3cr3t-pw" not in json.dumps(doc)
     assert doc["flows"]["a"]["ledger"] is None and doc["flows"]["a"]["queue"]["inbox"] == 0
-    human = run_cli("status", str(f))
+    human = invoke("status", str(f))
     assert human.returncode == 0 and "cannot read the ledger" in human.stdout

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli_support import invoke
 from mq_support import claim_doc, partner, wait_for, write_claims
-from support import run_cli
 
 HARNESS = Path(__file__).resolve().parents[1] / "heartbeat_cli.py"
 
 
 def flow_file(tmp_path: Path, ledger: str, partner_url: str) -> Path:
-    run_cli("dirq", "init", str(tmp_path / "q"))
+    invoke("dirq", "init", str(tmp_path / "q"))
     write_claims(tmp_path / "q" / "inbox", [claim_doc(f"g{i}") for i in range(6)])
     f = tmp_path / "flows.toml"
     f.write_text(
@@ -37,7 +37,7 @@ def flow_file(tmp_path: Path, ledger: str, partner_url: str) -> Path:
 
 
 def status(f: Path) -> dict[str, Any]:
-    got = run_cli("status", str(f), "--json")
+    got = invoke("status", str(f), "--json")
     assert got.returncode == 0, got.stderr
     return json.loads(got.stdout)["flows"]["claims"]
 
@@ -117,7 +117,7 @@ def test_status_shows_a_running_consumer_in_the_human_view(tmp_path: Path) -> No
         proc = start(f)
         try:
             wait_for(lambda: status(f)["breaker"] == "open", 30, step=0.3)
-            got = run_cli("status", str(f))
+            got = invoke("status", str(f))
             assert got.returncode == 0, got.stderr
             line = next(x for x in got.stdout.splitlines() if "claims" in x)
             assert "open" in line and "1 running" in line, got.stdout

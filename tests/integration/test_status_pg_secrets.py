@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from support import run_cli
+from cli_support import invoke
 
 SECRET = "Zq9-status-pw-77"
 
@@ -39,7 +39,7 @@ def test_a_pg_ledger_password_never_shows(pg_url: str, tmp_path: Path) -> None:
         f'ledger = "{ledger}"\n[flows.orders]\nsource = "dirq"\npath = "./q"\nid_field = "msg_id"\n'
     )
     env = {"PGPW": SECRET}
-    done = run_cli("run", str(flows), "--until-empty", "--json", env=env, cwd=tmp_path)
+    done = invoke("run", str(flows), "--until-empty", "--json", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     outputs = [done.stdout + done.stderr]
     runs = []
@@ -49,7 +49,7 @@ def test_a_pg_ledger_password_never_shows(pg_url: str, tmp_path: Path) -> None:
         ("status", "--db", ledger.replace("${PGPW}", SECRET), "--json"),
         ("status", "--db", ledger.replace("${PGPW}", SECRET)),
     ):
-        r = run_cli(*args, env=env, cwd=tmp_path)
+        r = invoke(*args, env=env, cwd=tmp_path)
         assert r.returncode == 0, (args, r.stderr)
         outputs.append(r.stdout + r.stderr)
         runs.append(r)

@@ -20,8 +20,8 @@ import termios
 import time
 from pathlib import Path
 
+from cli_support import invoke
 from mq_support import wait_for
-from support import run_cli
 
 # CSI sequences (cursor moves, colours, erase) and the private modes (?25l / ?25h).
 ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\r")
@@ -112,11 +112,11 @@ def test_watch_refreshes_the_counts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     (tmp_path / "flows.toml").write_text(
         'ledger = "ledger.db"\n[flows.files]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
     )
-    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
     inbox = tmp_path / "q" / "inbox"
     for i in range(3):
         (inbox / f"a{i}.json").write_text(f'{{"id": "a{i}"}}')
-    assert run_cli("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
+    assert invoke("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
 
     # columns: flow, queue, oldest, processed, dup, dead, breaker, consumers, rate, dead/s
     screen = Screen(["-m", "onceq", "status", "--watch", "--interval", "0.3"], tmp_path)
@@ -127,7 +127,7 @@ def test_watch_refreshes_the_counts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             (inbox / f"b{i}.json").write_text(f'{{"id": "b{i}"}}')
         # Files waiting: the queue cell says so on the next refresh.
         screen.wait_row("files", lambda r: r[1].startswith("inbox 4"))
-        assert run_cli("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
+        assert invoke("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
         later = screen.wait_row("files", lambda r: r[3] == "7" and r[1].startswith("inbox 0"))
         assert float(later[8]) > 0  # processed/s over the last minute: 4 new ones
         assert "rates over the last minute" in screen.text()
@@ -154,7 +154,7 @@ def test_sigterm_restores_the_cursor_and_exits_143(tmp_path: Path) -> None:
     (tmp_path / "flows.toml").write_text(
         'ledger = "ledger.db"\n[flows.files]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
     )
-    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
     screen = Screen(["-m", "onceq", "status", "--watch", "--interval", "0.3"], tmp_path)
     try:
         screen.wait_row("files", lambda r: r[1].startswith("inbox 0"))
@@ -179,7 +179,7 @@ def test_watch_json_is_one_document_a_line_with_rates(tmp_path: Path) -> None:
     (tmp_path / "flows.toml").write_text(
         'ledger = "ledger.db"\n[flows.files]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
     )
-    assert run_cli("dirq", "init", str(tmp_path / "q")).returncode == 0
+    assert invoke("dirq", "init", str(tmp_path / "q")).returncode == 0
     proc = subprocess.Popen(
         [sys.executable, "-m", "onceq", "status", "--watch", "--json", "--interval", "0.2"],
         cwd=tmp_path,
@@ -192,7 +192,7 @@ def test_watch_json_is_one_document_a_line_with_rates(tmp_path: Path) -> None:
     assert proc.stdout is not None
     docs = [json.loads(proc.stdout.readline())]
     (tmp_path / "q" / "inbox" / "m.json").write_text('{"id": "m"}')
-    assert run_cli("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
+    assert invoke("run", "flows.toml", "--until-empty", cwd=tmp_path).returncode == 0
     while docs[-1]["flows"]["files"]["ledger"]["processed"] != 1:
         docs.append(json.loads(proc.stdout.readline()))
     proc.send_signal(signal.SIGINT)

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import psycopg
 
+from cli_support import invoke
 from dirq_retry_support import files
 from mq_support import partner, wait_for
-from support import run_cli
 
 N = 10  # invoices; 2 files each
 
@@ -40,7 +40,7 @@ def test_twins_in_two_dirq_workers_call_the_partner_once(
     tmp_path: Path, ledger_target: str
 ) -> None:
     q = tmp_path / "q"
-    assert run_cli("dirq", "init", str(q)).returncode == 0
+    assert invoke("dirq", "init", str(q)).returncode == 0
     ids = [f"INV-{i:03d}" for i in range(N)]
     for copy in ("a", "b"):  # every first copy sorts before every second one
         for i in ids:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from onceq.core.retry import BreakerPolicy, RetryPolicy
 from onceq.flows.file import FlowFileError, load_flows
-from support import run_cli
 
 HEAD = """\
 ledger = "ledger.db"
@@ -145,14 +145,14 @@ def test_check_shows_each_flows_policies(tmp_path: Path) -> None:
         + '\n[flows.inv.retry]\ndelays = ["5s", "1m"]\n'
         + '\n[flows.plain]\nsource = "dirq"\npath = "q"\nretry = "none"\n'
     )
-    r = run_cli("check", str(f))
+    r = invoke("check", str(f))
     assert r.returncode == 0, r.stderr
     assert f"{f}: flow inv: dirq -> POST http://127.0.0.1:9/api/invoices;" in r.stdout
     assert "flow inv: dirq -> POST http://127.0.0.1:9/api/invoices; retry 1 + 5s,1m, breaker" in (
         r.stdout
     )
     assert "flow plain: dirq -> ledger row; retry 0 + no delays, no breaker" in r.stdout
-    r = run_cli("check", str(f), "--json")
+    r = invoke("check", str(f), "--json")
     inv, plain = json.loads(r.stdout)["flows"]
     assert inv["retry"] == {"immediate": 1, "delays": ["5s", "1m"]}
     assert inv["breaker"] == {"enabled": True, "failures": 5, "probe": "1s", "max_probe": "30s"}

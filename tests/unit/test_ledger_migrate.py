@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import invoke
 from onceq.core.transport import Delivery, Kind, Settle
 from onceq.errors import LedgerError
 from onceq.exercise.processed_table import PROCESSED_TABLE
 from onceq.ledger.sqlite import Entry, Ledger
-from support import open_db, run_cli
+from support import open_db
 
 V010_SCHEMA = """
 CREATE TABLE IF NOT EXISTS processed (
@@ -210,7 +211,7 @@ def test_a_migration_that_fails_midway_leaves_the_ledger_as_it_was(tmp_path: Pat
         Ledger(path)
     assert dump(path) == before
     # the CLI: one line, exit 8, nothing changed
-    r = run_cli("dirq", "order-check", "--db", str(path))
+    r = invoke("dirq", "order-check", "--db", str(path))
     assert r.returncode == 8, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("onceq: ") and "ledger.db" in lines[0]
@@ -233,7 +234,7 @@ def test_a_newer_ledger_is_refused_in_one_line(tmp_path: Path) -> None:
     with open_db(path) as conn:
         conn.execute("PRAGMA user_version = 4")
     before = dump(path)
-    r = run_cli("dirq", "order-check", "--db", str(path))
+    r = invoke("dirq", "order-check", "--db", str(path))
     assert r.returncode == 8
     assert r.stderr.strip().count("\n") == 0 and "written by a newer onceq" in r.stderr
     assert dump(path) == before
@@ -242,14 +243,14 @@ def test_a_newer_ledger_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_the_migration_holds_across_the_cli(tmp_path: Path) -> None:
     """A 0.1.0 queue folder: the next `dirq consume` migrates and refuses the old ids."""
     qdir = tmp_path / "q"
-    assert run_cli("dirq", "init", str(qdir)).returncode == 0
+    assert invoke("dirq", "init", str(qdir)).returncode == 0
     make_v010_ledger(qdir / "ledger.db")
     for name, doc in {
         "old.json": {"msg_id": "m-1", "order_no": "A", "seq": 1, "amount": 1},
         "new.json": {"msg_id": "m-9", "order_no": "A", "seq": 3, "amount": 2},
     }.items():
         (qdir / "inbox" / name).write_text(json.dumps(doc))
-    r = run_cli("dirq", "consume", str(qdir), "--json")
+    r = invoke("dirq", "consume", str(qdir), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["processed"], out["duplicates"]) == (1, 1)

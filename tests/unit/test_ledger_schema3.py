@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from onceq.core.consumer import Consumer, Outcome
 from onceq.core.retry import RetryPolicy
 from onceq.core.transport import Delivery, Kind, Settle
@@ -18,7 +19,7 @@ from onceq.errors import LedgerError
 from onceq.ledger.rows import DETAIL_CAP
 from onceq.ledger.sqlite import Entry, Ledger
 from onceq.sources.memory import MemoryTransport
-from support import open_db, run_cli
+from support import open_db
 
 # Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger_db.py`.
 V2_SCHEMA = """
@@ -149,13 +150,13 @@ def test_a_schema_2_migration_that_fails_midway_leaves_the_ledger_as_it_was(
     with pytest.raises(LedgerError, match=r"cannot migrate a schema-2 ledger .* left as it was"):
         Ledger(path)
     assert dump(path) == before
-    r = run_cli("dirq", "order-check", "--db", str(path))
+    r = invoke("dirq", "order-check", "--db", str(path))
     assert r.returncode == 8 and len(r.stderr.splitlines()) == 1, r.stderr
     assert dump(path) == before
 
 
 def test_order_check_without_a_ledger_named_says_so_in_one_line(tmp_path: Path) -> None:
-    r = run_cli("dirq", "order-check", cwd=tmp_path)
+    r = invoke("dirq", "order-check", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr == "onceq: name the ledger: --db PATH, or QDIR for QDIR/ledger.db\n"
     assert list(tmp_path.iterdir()) == []  # nothing made
