@@ -22,12 +22,12 @@ from onceq.core.hooks import Hooks
 from onceq.core.stats import COUNTS, OUTCOMES, Stats, outcome_of
 from onceq.core.transport import Delivery, Kind, Settle
 from onceq.ledger.sqlite import Entry
-from onceq.ops.metrics import (
+from onceq.ops.metrics import new_registry
+from onceq.ops.metrics_snapshot import (
     BUCKETS,
     Durations,
     FlowMetrics,
     Snapshot,
-    new_registry,
     snapshot_dict,
     snapshot_from_dict,
 )

@@ -113,11 +113,11 @@ def test_the_sqlite_read_refuses_writes(tmp_path: object) -> None:
 def test_the_pg_read_is_a_read_only_transaction(pg_url: str) -> None:
     import psycopg
 
-    from onceq.ops.status_ledger import _pg_session
+    from onceq.ops.pg_sessions import read_session
 
     open_ledger(pg_url, flow="a").close()
     with (
-        _pg_session(pg_url, "x") as (rows, tables),
+        read_session(pg_url, "x") as (rows, tables),
         pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
     ):
         rows("INSERT INTO messages (flow, msg_id, processed_at, source) VALUES ('a','m','t','x')")

@@ -40,6 +40,7 @@ from onceq.core.stats import outcome_of
 __all__ = [
     "EVENTS",
     "FLOW",
+    "LOG_FORMATS",
     "JsonFormatter",
     "RedactingFormatter",
     "flow_context",
@@ -55,6 +56,7 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+LOG_FORMATS = ("human", "json")  # --log-format's choices: what `setup` takes
 HUMAN = "onceq: %(levelname)s %(name)s: %(message)s"
 
 # Every event a log line may carry, and what it means (docs/operations.md shows this
@@ -239,7 +241,7 @@ def setup(fmt: str = "human", level: str = "warning") -> None:
     and the reconnect once, with an event), so they are quietened to CRITICAL.
     """
     global _format
-    if fmt not in ("human", "json"):
+    if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r}: human or json")
     _format = fmt
     handler = logging.StreamHandler()

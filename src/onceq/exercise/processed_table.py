@@ -23,7 +23,7 @@ from onceq.core.effect import SqlEffect
 from onceq.ledger.rows import chunks
 
 if TYPE_CHECKING:
-    # start-up time: psycopg is loaded only for a PostgreSQL ledger
+    # why: psycopg loads only for a PostgreSQL ledger (start-up of an SQLite run)
     from onceq.ledger.pg.sql import PgTx
     from onceq.ledger.sqlite import Entry
 
@@ -66,7 +66,7 @@ def write_rows(tx: sqlite3.Connection | PgTx, entries: list[Entry]) -> None:
     `messages` is an inconsistency a person made, and the ledger refuses that one
     message (ledger-refused) instead of letting the two tables disagree silently.
     """
-    # start-up time: psycopg is loaded only for a PostgreSQL ledger
+    # why: psycopg loads only for a PostgreSQL ledger (start-up of an SQLite run)
     from onceq.ledger.pg.sql import PgTx
 
     if isinstance(tx, PgTx):

@@ -37,7 +37,7 @@ from onceq.errors import UsageError
 from onceq.flows.build import build
 from onceq.flows.file_keys import ENV, METRICS_KEYS, TOP_KEYS
 from onceq.flows.flow import Flow
-from onceq.ledger.target import Target
+from onceq.ledger.target import Target, as_target
 
 
 class FlowFileError(UsageError):
@@ -150,9 +150,6 @@ def _ledger(doc: dict[str, Any], base: Path, m: Mistakes) -> Target:
     A URL is checked here (parsed, never connected to), so `onceq check` names a typo
     by its key; its password (often a `${ENV}`) is masked in the line.
     """
-    from onceq.errors import UsageError
-    from onceq.ledger.target import as_target
-
     ledger = _expand(doc.get("ledger", "ledger.db"), "ledger", m)
     if not isinstance(ledger, str) or not ledger:
         m.add("ledger", "must be a path or a postgresql:// URL (text)")

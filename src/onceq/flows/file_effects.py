@@ -7,15 +7,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onceq.core.effect import PythonEffect, SqlEffect, load_callable
 from onceq.core.keys import Mistakes, get, str_list, toml_type
+from onceq.core.message import MessageSpec
 from onceq.core.redact import remember_secret
+from onceq.effects.http import HttpEffect, StatusMap
+from onceq.effects.http_headers import shown_name
 from onceq.errors import UsageError
 from onceq.flows.file_keys import HTTP_KEYS, STATUS_KEYS
 
 
 def spec_of(t: dict[str, Any], m: Mistakes, where: str) -> Any:
-    from onceq.core.message import MessageSpec
-
     args: dict[str, Any] = {}
     for key in ("id_field", "group_field", "seq_field"):
         value = get(t, key, str, m, where)
@@ -70,16 +72,11 @@ def effect_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
                 m.add(f"{w}.{k}", "unknown key (expected: function)")
         fn = _function(python, m, w, base)
         if fn is not None:
-            from onceq.core.effect import PythonEffect
-
             return PythonEffect(fn)
     return None
 
 
 def _http(t: dict[str, Any], m: Mistakes, where: str) -> Any:
-    from onceq.effects.http import HttpEffect, StatusMap
-    from onceq.effects.http_headers import shown_name
-
     for k in t:
         if k not in HTTP_KEYS:
             m.add(f"{where}.{k}", f"unknown key (expected: {', '.join(sorted(HTTP_KEYS))})")
@@ -156,8 +153,6 @@ def _after_role(message: str, role: str) -> str:
 
 
 def sql_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
-    from onceq.core.effect import SqlEffect
-
     table = get(t, "sql", dict, m, where)
     if table is None:
         return None
@@ -177,8 +172,6 @@ def sql_of(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
 
 def _function(t: dict[str, Any], m: Mistakes, where: str, base: Path) -> Any:
     """The callable `function` names, imported with the flow file's folder first on sys.path."""
-    from onceq.core.effect import load_callable
-
     spec = get(t, "function", str, m, where, required=True)
     if spec is None:
         return None

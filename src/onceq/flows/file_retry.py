@@ -27,7 +27,7 @@ from typing import Any
 
 from onceq.core.keys import Mistakes, get, toml_type
 from onceq.core.misconfig import MAX_FAILURES, GuardPolicy
-from onceq.core.retry import BreakerPolicy, RetryPolicy, parse_duration
+from onceq.core.retry import BreakerPolicy, RetryPolicy, delay_label, parse_duration
 from onceq.errors import UsageError
 
 POLICY_NAMES = ("default", "exercise", "none")
@@ -196,8 +196,6 @@ def guard_of(t: dict[str, Any], m: Mistakes, where: str, base: GuardPolicy) -> G
 
 def describe(flow: Any) -> dict[str, Any]:
     """The policies a flow runs with, for `onceq check` (its defaults filled in)."""
-    from onceq.core.retry import delay_label
-
     retry, breaker, guard = flow.retry_policy(), flow.breaker_policy(), flow.guard_policy()
     return {
         "guard": {"enabled": True, "failures": guard.failures}

@@ -23,25 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceq.core.effect import PythonEffect, SqlEffect
+from onceq.core.message import MessageSpec
+from onceq.core.misconfig import GuardPolicy, MisconfigGuard, Tally
+from onceq.core.retry import BreakerPolicy, RetryPolicy
+from onceq.effects.http import HttpEffect
 from onceq.errors import UsageError
+from onceq.ledger.target import open_ledger as open_target
 from onceq.sources import registry
 from onceq.sources.registry import SourceType
 
 if TYPE_CHECKING:
     from onceq.core.consumer import Handler
-    from onceq.core.effect import SqlEffect
-    from onceq.core.message import MessageSpec
-    from onceq.core.misconfig import GuardPolicy, MisconfigGuard
-    from onceq.core.retry import BreakerPolicy, RetryPolicy
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_NAME = "default"  # every CLI-flag run and preset: a migrated ledger keeps deduplicating
-
-
-def _default_spec() -> MessageSpec:
-    from onceq.core.message import MessageSpec
-
-    return MessageSpec()
 
 
 @dataclass
@@ -50,7 +46,7 @@ class Flow:
 
     name: str = DEFAULT_NAME
     source: Any = None  # DirSource | RabbitSource | a Transport instance
-    message: MessageSpec = field(default_factory=_default_spec)
+    message: MessageSpec = field(default_factory=MessageSpec)
     effect: Any = None  # HttpEffect | PythonEffect | Callable | None
     sql: Any = None  # SqlEffect | Callable | None
     retry: RetryPolicy | None = None  # None: RetryPolicy() (1 immediate, 5s 30s 2m 10m)
@@ -79,8 +75,6 @@ class Flow:
                 f"{where}: a flow name is 1-64 of A-Z a-z 0-9 _ . - (starting with a letter"
                 " or digit)"
             )
-        from onceq.core.message import MessageSpec
-
         if not isinstance(self.message, MessageSpec):
             raise UsageError(f"{where}: message must be a MessageSpec")
         src = self.source
@@ -91,48 +85,33 @@ class Flow:
             raise UsageError(f"{where}: {problem}")
         if self.effect is not None and not callable(self.effect):
             raise UsageError(f"{where}: effect must be HttpEffect, PythonEffect or a callable")
-        if self.sql is not None:
-            from onceq.core.effect import SqlEffect
-
-            if not (isinstance(self.sql, SqlEffect) or callable(self.sql)):
-                raise UsageError(f"{where}: sql must be an SqlEffect or a callable (tx, doc)")
-        from onceq.core.retry import BreakerPolicy, RetryPolicy
-
+        if self.sql is not None and not (isinstance(self.sql, SqlEffect) or callable(self.sql)):
+            raise UsageError(f"{where}: sql must be an SqlEffect or a callable (tx, doc)")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise UsageError(f"{where}: retry must be a RetryPolicy")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise UsageError(f"{where}: breaker must be a BreakerPolicy")
-        from onceq.core.misconfig import GuardPolicy
-
         if self.guard is not None and not isinstance(self.guard, GuardPolicy):
             raise UsageError(f"{where}: guard must be a GuardPolicy")
         return self
 
     def retry_policy(self) -> RetryPolicy:
         """The flow's retry policy: its own, else the default (1 immediate + tiers)."""
-        from onceq.core.retry import RetryPolicy
-
         return self.retry if self.retry is not None else RetryPolicy()
 
     def breaker_policy(self) -> BreakerPolicy:
         """The flow's breaker: its own, else on for a call effect (a partner that can be
         down) and off without one (the ledger is not a partner)."""
-        from onceq.core.retry import BreakerPolicy
-
         if self.breaker is not None:
             return self.breaker
         return BreakerPolicy() if self.effect is not None else BreakerPolicy.off()
 
     def guard_policy(self) -> GuardPolicy:
         """The flow's misconfiguration guard: its own, else on (onceq.core.misconfig)."""
-        from onceq.core.misconfig import GuardPolicy
-
         return self.guard if self.guard is not None else GuardPolicy()
 
     def misconfig_guard(self) -> MisconfigGuard | None:
         """A fresh guard for one consumer's run; None when the flow's is off."""
-        from onceq.core.misconfig import MisconfigGuard, Tally
-
         policy = self.guard_policy()
         if not policy.enabled:
             return None
@@ -146,9 +125,6 @@ class Flow:
 
     def handler(self) -> Handler | None:
         """The loop's handler for the call effect; None when the ledger row is the effect."""
-        from onceq.core.effect import PythonEffect
-        from onceq.effects.http import HttpEffect
-
         if self.effect is None:
             return None
         if isinstance(self.effect, HttpEffect | PythonEffect):
@@ -156,8 +132,6 @@ class Flow:
         return PythonEffect(self.effect)
 
     def sql_effect(self) -> SqlEffect | None:
-        from onceq.core.effect import SqlEffect
-
         if self.sql is None or isinstance(self.sql, SqlEffect):
             return self.sql
         return SqlEffect(function=self.sql)
@@ -167,8 +141,6 @@ def open_ledger(flow: Flow, target: str | Path, source: str, *, create: bool = T
     """The ledger at `target` (a path or a postgresql:// URL), scoped to this flow (its
     dedup rows, its SQL effect): `onceq.ledger.target.open_ledger`, the one place that
     tells an SQLite ledger from a PostgreSQL one."""
-    from onceq.ledger.target import open_ledger as open_target
-
     return open_target(target, source, flow=flow.name, sql=flow.sql_effect(), create=create)
 
 

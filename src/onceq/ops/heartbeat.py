@@ -134,7 +134,7 @@ class Heartbeat:
         self.writes = 0  # rows written (tests, and a sanity figure)
         self.failures = 0  # writes that failed since the last success
         self._pool: ThreadPoolExecutor | None = None
-        self._conn: Any = None  # sqlite3.Connection | psycopg.Connection, the thread's own
+        self._conn: Any = None  # sqlite3.Connection | HeartbeatSession, the thread's own
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -271,20 +271,10 @@ class Heartbeat:
 
     def _open(self) -> Any:
         if is_pg_url(self.target):
-            import psycopg
+            # why: psycopg loads only for a PostgreSQL ledger (start-up of an SQLite run)
+            from onceq.ops.pg_sessions import HeartbeatSession
 
-            from onceq.ledger.pg.schema import conninfo
-
-            pg = psycopg.connect(
-                conninfo(str(self.target), connect_timeout=FINAL_WAIT), autocommit=True
-            )
-            # This session's commits only: the heartbeat is not a guarantee, and an
-            # fsync-free commit keeps it off the consumer's WAL flushes. A statement
-            # never waits more than a beat (a lock held by a prune, a stuck server).
-            pg.execute("SET synchronous_commit = off")
-            pg.execute("SET statement_timeout = '5s'")
-            pg.execute("SET search_path = onceq")
-            return pg
+            return HeartbeatSession(str(self.target), FINAL_WAIT)
         # mode=rw: never creates a ledger (the consumer opened, made and migrated it).
         uri = f"file:{quote(str(self.target))}?mode=rw"
         conn = sqlite3.connect(
@@ -297,12 +287,7 @@ class Heartbeat:
         return conn
 
     def _execute(self, sql: str, args: tuple[Any, ...]) -> None:
-        if is_pg_url(self.target):
-            from onceq.ledger.pg.sql import PgTx
-
-            PgTx(self._conn).execute(sql, args)
-        else:
-            self._conn.execute(sql, args)
+        self._conn.execute(sql, args)  # sqlite3's, or HeartbeatSession's ($1 for ?)
 
     def _prune(self) -> None:
         from datetime import UTC, datetime, timedelta

@@ -10,7 +10,7 @@ Why aiohttp on the loop rather than prometheus_client's threaded server:
 A scrape costs the loop the text of a few dozen samples; the queue depths it serves
 are cached (onceq.ops.metrics_queues), so a scrape never reads a folder or the broker.
 
-The socket is bound by `bind_socket` BEFORE anything else happens (before the queue
+The socket is bound (onceq.ops.metrics_port) BEFORE anything else happens (before the queue
 is checked, the ledger opened or a delivery taken), synchronously, so a port in use
 refuses the run with one line and exit 4 (Conflict) and nothing is consumed or created.
 The --workers parent serves the same app from a thread of its own (it has no loop:
@@ -19,62 +19,30 @@ it waits for its children), after the children are forked.
 
 from __future__ import annotations
 
-import errno
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from onceq.errors import Conflict, UsageError
+from onceq.ops.metrics import new_registry
+from onceq.ops.metrics_snapshot import FlowMetrics
 
-__all__ = ["MetricsServer", "bind_socket", "host_port"]
-
-
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, or one line saying why not.
-
-    In use → Conflict (exit 4): another process holds the port (often a second
-    consumer started with the same --metrics-port). Any other refusal (an address
-    that is not this host's, a port below 1024 without the right) → UsageError (2).
-    """
-    where = host_port(host, port)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise UsageError(f"{where}: cannot serve metrics: {exc.strerror}") from None
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        # SO_REUSEADDR: a consumer restarted at once may bind again while the old
-        # connections sit in TIME_WAIT; on Linux it never lets two listeners share a port.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(64)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise Conflict(f"{where}: cannot serve metrics: the port is in use") from None
-        raise UsageError(f"{where}: cannot serve metrics: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
+__all__ = ["MetricsServer"]
 
 
 class MetricsServer:
-    """Serves `registry` at /metrics and `health()` at /healthz on a bound socket."""
+    """Serves the `flows()` metrics (onceq's own registry) at /metrics and `health()`
+    at /healthz on a bound socket."""
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        flows: Callable[[], Iterable[FlowMetrics]],
         health: Callable[[], tuple[bool, dict[str, Any]]],
     ) -> None:
-        self.registry = registry
+        self.registry = new_registry(flows)
         self.health = health
         self._runner: web.AppRunner | None = None
 

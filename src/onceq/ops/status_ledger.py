@@ -28,12 +28,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from onceq.core.redact import redact_text
-from onceq.errors import LedgerError, LedgerUnavailable
+from onceq.errors import LedgerError
 from onceq.ledger.target import describe, is_pg_url
 from onceq.ops.heartbeat import STALE_AFTER
-
-CONNECT_TIMEOUT = 5  # s: a status view never hangs on an unreachable ledger server
 
 COUNTS = {
     "processed": "SELECT flow, count(*) FROM messages GROUP BY flow",
@@ -82,7 +79,10 @@ class LedgerView:
     @contextlib.contextmanager
     def _session(self) -> Iterator[Any]:
         if self.kind == "postgresql":
-            with _pg_session(str(self.target), self.where) as s:
+            # why: psycopg loads only for a PostgreSQL ledger (start-up of an SQLite status)
+            from onceq.ops.pg_sessions import read_session
+
+            with read_session(str(self.target), self.where) as s:
                 if s is None:
                     self.exists = False
                     self.note = "no onceq ledger in this database yet (not created)"
@@ -189,45 +189,3 @@ def _sqlite_session(path: Path) -> Iterator[Any]:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
         conn.close()
-
-
-@contextlib.contextmanager
-def _pg_session(url: str, where: str) -> Iterator[Any]:
-    import psycopg
-
-    from onceq.ledger.pg.schema import conninfo
-    from onceq.ledger.pg.sql import translate
-
-    try:
-        conn = psycopg.connect(conninfo(url, connect_timeout=CONNECT_TIMEOUT), autocommit=False)
-    except psycopg.Error as exc:
-        raise LedgerUnavailable(f"{where}: cannot read the ledger: {_why(exc)}") from None
-    try:
-        conn.read_only = True  # every transaction of this session is READ ONLY
-        with conn.transaction():
-            conn.execute("SET LOCAL statement_timeout = '10s'")
-            found = conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'onceq'"
-            ).fetchall()
-            tables = {r[0] for r in found}
-            if not tables:
-                yield None
-                return
-            conn.execute("SET LOCAL search_path = onceq")
-
-            def rows(sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-                cur = psycopg.RawCursor(conn)
-                cur.execute(translate(sql), args if args else None)
-                return cur.fetchall()
-
-            yield rows, tables
-    except psycopg.OperationalError as exc:
-        raise LedgerUnavailable(f"{where}: cannot read the ledger: {_why(exc)}") from None
-    except psycopg.Error as exc:
-        raise LedgerError(f"{where}: cannot read the ledger: {_why(exc)}") from None
-    finally:
-        conn.close()
-
-
-def _why(exc: BaseException) -> str:
-    return redact_text(" ".join(str(exc).split())[:300]) or type(exc).__name__

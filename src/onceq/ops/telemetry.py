@@ -11,8 +11,8 @@ run path (onceq.flows.runner) registers each consumer it runs with `track`, so e
 flow is watched the same way whichever command started it. `track` only subscribes
 to the consumer's events (onceq.core.hooks: settled groups for the log lines, call
 durations for the histogram, state changes for the heartbeat): it never patches it.
-Importing it costs nothing either (prometheus_client and aiohttp are imported on
-first use: `dirq lag` stays light). Without a port it serves nothing and the loop
+Importing it costs nothing either (prometheus_client and aiohttp are imported when
+the server starts: `dirq lag` stays light). Without a port it serves nothing and the loop
 pays for nothing: no timer, no reader (only h3's log hook, which is a level check
 when INFO is off, and the heartbeat).
 
@@ -39,18 +39,27 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from onceq.core.logs import LOG_FORMATS, flow_context, log_group
+from onceq.core.stats import Stats
+from onceq.ops.metrics_port import bind_socket
+from onceq.ops.metrics_queues import reader_for
+from onceq.ops.metrics_snapshot import (
+    Durations,
+    FlowMetrics,
+    Snapshot,
+    healthy,
+    snapshot_dict,
+    snapshot_from_dict,
+)
 from onceq.ops.telemetry_live import Live, source_snapshot, start_heartbeat
 
-if TYPE_CHECKING:
-    from onceq.ops.metrics import FlowMetrics, Snapshot
-
+# LOG_FORMATS's home is onceq.core.logs; still named here for the CLI that imports it from here.
 __all__ = ["LOG_FORMATS", "OpsOptions", "Telemetry"]
 
 log = logging.getLogger("onceq.telemetry")  # the name in every log line: kept across moves
 
-LOG_FORMATS = ("human", "json")
 REPORT_S = 1.0  # how often a --workers child tells the parent its counts
 
 
@@ -105,8 +114,6 @@ class Telemetry:
         refused port leaves nothing consumed and no ledger created.
         """
         if self.enabled and self._sock is None:
-            from onceq.ops.metrics_server import bind_socket
-
             assert self.opts.metrics_port is not None
             self._sock = bind_socket(self.opts.metrics_host, self.opts.metrics_port)
 
@@ -120,12 +127,12 @@ class Telemetry:
         """Serve /metrics and /healthz on the running loop (when a port is set); idempotent."""
         if not self.enabled or self._server is not None:
             return
-        from onceq.ops.metrics import new_registry
+        # why: aiohttp and prometheus_client load only when a port is served (start-up)
         from onceq.ops.metrics_server import MetricsServer
 
         self.bind()
         self._halt = asyncio.Event()
-        server = MetricsServer(new_registry(lambda: self.flows.values()), self.health)
+        server = MetricsServer(lambda: self.flows.values(), self.health)
         await server.start(self._sock)
         self._server = server
         for reader in self._readers:
@@ -178,8 +185,6 @@ class Telemetry:
             return False, {"status": "stopping"}
         if not self.flows:
             return False, {"status": "starting", "flows": {}}
-        from onceq.ops.metrics import healthy
-
         flows = {name: fm.total().problem for name, fm in self.flows.items()}
         ok = all(healthy(p) for p in flows.values())
         return ok, {
@@ -191,8 +196,6 @@ class Telemetry:
 
     def expect(self, flow: Any) -> FlowMetrics:
         """A flow this process will run: shown (as starting) before its consumer is up."""
-        from onceq.ops.metrics import FlowMetrics
-
         fm = self.flows.get(flow.name)
         if fm is None:
             fm = self.flows[flow.name] = FlowMetrics(flow.name)
@@ -201,15 +204,13 @@ class Telemetry:
     @contextlib.asynccontextmanager
     async def track(self, flow: Any, consumer: Any, transport: Any) -> AsyncIterator[None]:
         """Watch one flow's consumer while inside (metrics, health, published state)."""
-        from onceq.core.logs import log_group
-
         hooks = consumer.hooks
         hooks.settled.append(functools.partial(_log_settled, flow.name, log_group))
         watch = Live(flow, consumer, transport)
         reporter = None
         if self.watching:
-            from onceq.core.consumer import no_effect
-            from onceq.ops.metrics import Durations
+            # why: core.outcome loads sqlite3 (core.values): not for `dirq lag`'s start-up
+            from onceq.core.outcome import no_effect
 
             if consumer.handler is not no_effect:
                 watch.durations = Durations()
@@ -217,8 +218,6 @@ class Telemetry:
             fm = self.expect(flow)
             fm.snapshots.append(watch.snapshot)
             if self.enabled and fm.queue is None:
-                from onceq.ops.metrics_queues import reader_for
-
                 fm.queue = reader_for(flow, transport)
                 if fm.queue is not None:
                     self._start_reader(fm.queue)
@@ -254,8 +253,6 @@ class Telemetry:
 
     def flow_context(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """The log context of one flow: every record logged inside names it."""
-        from onceq.core.logs import flow_context
-
         return flow_context(name)
 
     def _start_reader(self, reader: Any) -> None:
@@ -276,8 +273,6 @@ class Telemetry:
     def _report(self, watch: Live) -> None:
         assert self.reporter is not None
         try:
-            from onceq.ops.metrics import snapshot_dict
-
             self.reporter(snapshot_dict(watch.snapshot()))
         except Exception:  # a parent gone away must not end the child's run
             log.debug(
@@ -286,12 +281,7 @@ class Telemetry:
 
     def expect_children(self, flow: Any, n: int) -> None:
         """The --workers parent: n children's slots, and the queue reader it runs itself."""
-        from onceq.ops.metrics_queues import reader_for
-
         fm = self.expect(flow)
-        from onceq.core.stats import Stats
-        from onceq.ops.metrics import Snapshot
-
         self._slots = [Snapshot(Stats(), problem="starting") for _ in range(n)]
         for i in range(n):
             fm.snapshots.append(functools.partial(self._slot, i))
@@ -306,8 +296,6 @@ class Telemetry:
 
     def child_report(self, i: int, d: dict[str, Any]) -> None:
         """Child i's latest snapshot, replaced whole (one assignment: the server thread-safe)."""
-        from onceq.ops.metrics import snapshot_from_dict
-
         self._slots[i] = snapshot_from_dict(d)
 
     @contextlib.contextmanager

@@ -7,12 +7,11 @@ report read; `start_heartbeat` publishes its row in the ledger (onceq.ops.heartb
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from onceq.core.stats import Stats
+from onceq.ops.metrics_snapshot import DONE, Snapshot
 from onceq.sources.registry import of
-
-if TYPE_CHECKING:
-    from onceq.ops.metrics import Snapshot
 
 __all__ = ["Live", "source_snapshot", "start_heartbeat"]
 
@@ -32,8 +31,6 @@ class Live:
         """Why this consumer is not healthy, or None."""
         c = self.consumer
         if self.ended:
-            from onceq.ops.metrics import DONE
-
             return DONE
         if c.stopping:
             return "stopping"
@@ -46,8 +43,6 @@ class Live:
         return None
 
     def snapshot(self) -> Snapshot:
-        from onceq.ops.metrics import Snapshot
-
         c = self.consumer
         b = c.breaker
         return Snapshot(
@@ -58,6 +53,7 @@ class Live:
 async def start_heartbeat(consumer: Any, transport: Any) -> Any:
     """One Heartbeat for this consumer on its own ledger (None for a ledger of a kind
     the heartbeat cannot write: a user's own object without a path or URL)."""
+    # why: sqlite3 and the heartbeat's thread pool load only when a consumer runs (start-up)
     from onceq.ops.heartbeat import Heartbeat, consumer_state
 
     ledger = getattr(consumer, "ledger", None)
@@ -72,8 +68,5 @@ async def start_heartbeat(consumer: Any, transport: Any) -> Any:
 
 def source_snapshot(flow: Any) -> Snapshot:
     """The --workers parent's own look at the source (its folder), beside the children's."""
-    from onceq.core.stats import Stats
-    from onceq.ops.metrics import Snapshot
-
     st = of(flow.source)
     return Snapshot(Stats(), problem=st.problem(flow, None) if st is not None else None)

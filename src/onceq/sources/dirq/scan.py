@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from onceq.errors import NotFound, OnceqError
+from onceq.sources.dirq.files import is_message_name
+from onceq.sources.dirq.queue import DirQueue
 
 EVERY_S = 5.0  # how often /metrics' figures are refreshed
 DIRQ_STATES = ("inbox", "processing", "retry", "error")
@@ -102,9 +104,6 @@ class DirScan:
 
     def scan(self) -> None:
         """One reading (blocking: run it in a thread)."""
-        from onceq.sources.dirq.files import is_message_name
-        from onceq.sources.dirq.queue import DirQueue
-
         try:
             counts = DirQueue(self.root).counts(("processing", "retry", "error"))
             seen, mtimes = self._mtimes, {}

@@ -1,4 +1,4 @@
-"""One consumer of a directory queue: its claim folder, lock, recovery and moves.
+"""One consumer of a directory queue: its claim folder, lock, claims and moves.
 
     QDIR/inbox/NAME                  S1 queued (producers write .NAME.tmp, fsync, rename)
     QDIR/processing/w-ID/NAME        S2 claimed by worker ID (the rename that succeeded)
@@ -13,7 +13,7 @@ exclusive flock on processing/w-ID/.lock for as long as it lives. The lock, not 
 age of a file, says whether a claimed file has an owner: the kernel drops it when
 the process dies, however it dies (kill -9 included). A consumer that starts takes
 over every processing/w-*/ whose lock it can get, and runs those files again; the
-ledger recognises the ones that were already committed.
+ledger recognises the ones that were already committed (onceq.sources.dirq.takeover).
 
 Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses).
 After the ledger commit, a group's files are all linked into done/, error/, retry/
@@ -48,12 +48,10 @@ from onceq.sources.dirq import retry_area
 from onceq.sources.dirq.files import is_message_name, link_no_clobber, open_dir
 from onceq.sources.dirq.queue import FOLDERS, DirQueue
 from onceq.sources.dirq.read import read_claim
+from onceq.sources.dirq.takeover import LOCK, NURSERY, recover, sweep_nurseries
 
-LOCK = ".lock"
-# A consumer builds its claim folder as QDIR/.w-ID.new and moves it into processing/
-# within microseconds; a nursery this old was left by a kill.
-NURSERY = ".new"
-UNBORN_GRACE_S = 60.0
+__all__ = ["LOCK", "POLL_SECONDS", "Worker"]
+
 POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
 
 
@@ -101,7 +99,7 @@ class Worker:
         # consumer scans for claims; a later one removes it.
         self._check_writable()
         try:
-            self._sweep_nurseries()
+            sweep_nurseries(self.queue.root)
             tmp = self.queue.root / f".{self.id}{NURSERY}"
             tmp.mkdir()
             fd = os.open(tmp / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
@@ -116,7 +114,7 @@ class Worker:
         # relative to an open folder instead of a walk down the whole path.
         self._fds = {f: open_dir(self.queue.folder(f)) for f in ("inbox", "done", "error")}
         self._fds["own"] = open_dir(self.dir)
-        self._recovered = self._recover()
+        self._recovered = recover(self.queue.root, self.processing, self.dir, self._claim)
         return self
 
     def _check_writable(self) -> None:
@@ -151,63 +149,6 @@ class Worker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recover(self) -> list[str]:
-        """Take over the claims of every dead consumer; returns the names taken."""
-        taken: list[str] = []
-        with os.scandir(self.processing) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            path = Path(e.path)
-            if path == self.dir or e.name.startswith("."):
-                continue  # ours, or not a claim (a producer's or a user's dotfile)
-            if e.is_dir(follow_symlinks=False):
-                taken += self._take_over(path)
-            elif is_message_name(e.name) and self._claim(path, e.name):
-                # A loose file (an older consumer, a hand move): claimed like an inbox file.
-                taken.append(e.name)
-        return taken
-
-    def _take_over(self, dead: Path) -> list[str]:
-        try:
-            fd = os.open(dead / LOCK, os.O_RDWR)
-        except (FileNotFoundError, NotADirectoryError):
-            fd = None  # a stray folder without a lock: nobody can own it
-        try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return []  # its owner is alive
-            taken = [
-                n
-                for n in sorted(os.listdir(dead))
-                if n != LOCK and not self._finish_move(dead / n) and self._claim(dead / n, n)
-            ]
-            with contextlib.suppress(OSError):
-                if fd is not None:
-                    os.unlink(dead / LOCK)
-                os.rmdir(dead)
-            return taken
-        finally:
-            if fd is not None:
-                os.close(fd)
-
-    def _finish_move(self, claim: Path) -> bool:
-        """Drop a dead claim already linked into retry/ or inbox/ (True), see retry_area.
-
-        Running it would put a second copy of the message in flight beside the one a
-        consumer claims from there. The other name is fsynced first: the dead
-        consumer may have died before its own fsync, and this name is the last one
-        we are sure of until then.
-        """
-        other = retry_area.moved_on(self.queue.root, claim, self.dir)
-        if other is None:
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            retry_area.fsync_dir(other.parent)
-            os.unlink(claim)
-        return True
-
     def _retry_fd(self, create: bool = False) -> int | None:
         """retry/'s descriptor; None while the queue has no retry/ (made on demand)."""
         fd = self._fds.get("retry")
@@ -216,32 +157,6 @@ class Worker:
             if fd is not None:
                 self._fds["retry"] = fd
         return fd
-
-    def _sweep_nurseries(self) -> None:
-        """Remove folders whose consumer was killed while creating them.
-
-        A nursery never holds a message (claims go only into processing/), and its
-        lock cannot tell a dead maker from a live one that has created the lock file
-        but not yet locked it. So age decides here, and only for an empty leftover;
-        no message's fate ever depends on a clock.
-        """
-        with os.scandir(self.queue.root) as it:
-            old = [
-                Path(e.path)
-                for e in it
-                if e.name.startswith(".w-") and e.name.endswith(NURSERY) and e.is_dir()
-            ]
-        for unborn in old:
-            with contextlib.suppress(OSError):
-                if time.time() - os.lstat(unborn).st_mtime > UNBORN_GRACE_S:
-                    with contextlib.suppress(FileNotFoundError):
-                        fd = os.open(unborn / LOCK, os.O_RDWR)
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                            os.unlink(unborn / LOCK)
-                        finally:
-                            os.close(fd)
-                    os.rmdir(unborn)
 
     def _claim(self, src: str | Path, name: str, src_dir_fd: int | None = None) -> bool:
         """rename(2) src (in src_dir_fd) into our folder; False when another consumer won it."""
@@ -400,7 +315,7 @@ class Worker:
             os.unlink(name, dir_fd=own)
         # Our own folder is not fsynced: an unlink lost to a power cut leaves the
         # same inode in done/ and here, and the next consumer only drops this name
-        # (or, for retry/ and inbox/, `_finish_move` does).
+        # (or, for retry/ and inbox/, `takeover.finish_move` does).
         # Forgotten only once gone from our folder: until then a claim of the same
         # name must not rename over it.
         self._held.difference_update(d.ref for d, _, _ in group)
