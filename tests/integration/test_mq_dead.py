@@ -203,7 +203,8 @@ def test_a_replayed_message_already_processed_is_a_duplicate(dead: Dead) -> None
     assert doc["done"] == 1
     result = consume_exercise(dead.url, dead.stub.url, dead.db)
     assert calls(dead.stub, done) == 1  # not applied again
-    assert (result.stats.duplicates, result.stats.processed) == (1, 0)
+    stats = result.stats["default"]
+    assert (stats.duplicates, stats.processed) == (1, 0)
     assert depth(dead.url)["claim.in"] == (0, 0)
 
 

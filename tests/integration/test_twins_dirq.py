@@ -51,6 +51,7 @@ def test_twins_in_two_dirq_workers_call_the_partner_once(
         proc = subprocess.Popen(
             [sys.executable, "-m", "onceq", "dirq", "consume", str(q), "--workers", "2",
              "--id-field", "invoiceId", "--url", f"{p.url}/api/invoices",
+             "--timeout", "120",  # the partner holds every call until both workers wait
              "--db", ledger_target, "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
