@@ -1,8 +1,9 @@
 """`onceq dirq …`: the directory queue commands.
 
-`consume` lives in onceq.cli.dirq_consume and is imported only when it runs (a
-LazyGroup): `onceq dirq lag` runs from a monitor every few seconds, and this module
-is all it loads, so it stays light (no asyncio, sqlite3, rich, runner).
+Every command but `init` and `lag` lives in its own module, imported only when it
+runs (a LazyGroup): `onceq dirq lag` runs from a monitor every few seconds, and this
+module is all it loads, so it stays light (no asyncio, sqlite3, rich, runner) while
+the others import what they need at their tops.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from pathlib import Path
 
 import click
 
-from onceq.cli.dirq_dead import dead, replay
-from onceq.cli.dirq_results import NEW_QDIR, order_check, report, schema
 from onceq.cli.lazy import LazyGroup
 from onceq.cli.output import emit_json
 from onceq.errors import NotFound, UsageError
 from onceq.sources.dirq.queue import DirQueue
+
+NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
 
 # name -> (module, command, the first sentence of its help), as onceq.cli.COMMANDS.
 LAZY = {
@@ -24,6 +25,31 @@ LAZY = {
         "onceq.cli.dirq_consume",
         "consume",
         "Consume every message in QDIR/inbox into the ledger, effectively once.",
+    ),
+    "dead": (
+        "onceq.cli.dirq_dead",
+        "dead",
+        "A directory queue's dead letters: the files in QDIR/error/.",
+    ),
+    "order-check": (
+        "onceq.cli.dirq_results",
+        "order_check",
+        "Find repeated and missing sequence numbers per group in the ledger.",
+    ),
+    "replay": (
+        "onceq.cli.dirq_dead",
+        "replay",
+        "Move error/FILE (or every file, or those of one reason) back to inbox/.",
+    ),
+    "report": (
+        "onceq.cli.dirq_results",
+        "report",
+        "Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.",
+    ),
+    "schema": (
+        "onceq.cli.dirq_results",
+        "schema",
+        "The fields of a normal message, as CSV `field,type,role`.",
     ),
 }
 
@@ -38,10 +64,6 @@ def dirq() -> None:
       onceq dirq consume ./q
       onceq dirq lag ./q 100
     """
-
-
-for _command in (schema, order_check, report, replay, dead):
-    dirq.add_command(_command)
 
 
 @dirq.command()
