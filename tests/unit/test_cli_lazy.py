@@ -44,3 +44,31 @@ def test_a_mistyped_command_is_still_matched_against_every_name() -> None:
     with pytest.raises(click.exceptions.NoSuchCommand) as info:
         group.resolve_command(click.Context(group), ["dirk"])
     assert info.value.possibilities == ["dirq"]
+
+
+def _dirq_lazy() -> dict[str, tuple[str, str, str]]:
+    from onceq.cli.dirq import LAZY
+
+    return LAZY
+
+
+@pytest.mark.parametrize("name", sorted(_dirq_lazy()))
+def test_each_lazy_dirq_command_keeps_its_help_sentence(name: str) -> None:
+    from onceq.cli.dirq import dirq
+
+    module, attribute, summary = _dirq_lazy()[name]
+    assert isinstance(dirq, LazyGroup)
+    cmd = dirq.load(name)
+    assert (cmd.callback.__module__, cmd.callback.__name__) == (module, attribute)
+    for limit in (10**6, 74, 40):
+        assert click.Command(name, help=summary).get_short_help_str(limit) == (
+            cmd.get_short_help_str(limit)
+        )
+
+
+def test_dirq_lag_imports_neither_the_runner_nor_asyncio_sqlite_or_rich() -> None:
+    code = "import sys\nimport onceq.cli.dirq\nprint(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.split())
+    assert "onceq.cli.dirq_consume" not in loaded
+    assert loaded & {"asyncio", "sqlite3", "aio_pika", "aiormq", "rich", "psycopg"} == set()

@@ -1,35 +1,60 @@
-"""`onceq dirq …`: the directory queue commands."""
+"""`onceq dirq …`: the directory queue commands.
+
+Every command but `init` and `lag` lives in its own module, imported only when it
+runs (a LazyGroup): `onceq dirq lag` runs from a monitor every few seconds, and this
+module is all it loads, so it stays light (no asyncio, sqlite3, rich, runner) while
+the others import what they need at their tops.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
-from onceq.cli.db_option import db_option
-from onceq.cli.dirq_dead import dead, replay
-from onceq.cli.dirq_results import (
-    DB_HELP,
-    DEFAULT_REQUIRED,
-    NEW_QDIR,
-    QDIR,
-    order_check,
-    parse_required,
-    report,
-    schema,
-)
-from onceq.cli.flow_options import flow_options
-from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
-from onceq.cli.output import emit_json, note_new_ledger, print_run_summary
-from onceq.cli.retry_options import retry_options
-from onceq.ledger.target import Target
+from onceq.cli.lazy import LazyGroup
+from onceq.cli.output import emit_json
+from onceq.errors import NotFound, UsageError
+from onceq.sources.dirq.queue import DirQueue
 
-if TYPE_CHECKING:
-    from onceq.core.consumer import Stats
+NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
+
+# name -> (module, command, the first sentence of its help), as onceq.cli.COMMANDS.
+LAZY = {
+    "consume": (
+        "onceq.cli.dirq_consume",
+        "consume",
+        "Consume every message in QDIR/inbox into the ledger, effectively once.",
+    ),
+    "dead": (
+        "onceq.cli.dirq_dead",
+        "dead",
+        "A directory queue's dead letters: the files in QDIR/error/.",
+    ),
+    "order-check": (
+        "onceq.cli.dirq_results",
+        "order_check",
+        "Find repeated and missing sequence numbers per group in the ledger.",
+    ),
+    "replay": (
+        "onceq.cli.dirq_dead",
+        "replay",
+        "Move error/FILE (or every file, or those of one reason) back to inbox/.",
+    ),
+    "report": (
+        "onceq.cli.dirq_results",
+        "report",
+        "Write QDIR/dup.txt and QDIR/error.csv from the ledger and error/.",
+    ),
+    "schema": (
+        "onceq.cli.dirq_results",
+        "schema",
+        "The fields of a normal message, as CSV `field,type,role`.",
+    ),
+}
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy=LAZY)
 def dirq() -> None:
     """A queue that is a folder: inbox/ processing/ done/ error/.
 
@@ -39,10 +64,6 @@ def dirq() -> None:
       onceq dirq consume ./q
       onceq dirq lag ./q 100
     """
-
-
-for _command in (schema, order_check, report, replay, dead):
-    dirq.add_command(_command)
 
 
 @dirq.command()
@@ -57,160 +78,8 @@ def init(qdir: Path, source: Path | None) -> None:
     Example:
       onceq dirq init ./q --from ./fixtures/orders   # after: onceq sample ./fixtures
     """
-    from onceq.sources.dirq.queue import DirQueue
-
     n = DirQueue(qdir).init(source)
     click.echo(f"{qdir}: ready, {n} message(s) queued")
-
-
-@dirq.command()
-@click.argument("qdir", type=QDIR)
-@db_option(DB_HELP)
-@click.option(
-    "--workers",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1, 64),
-    help="Consumer processes on this queue.",
-)
-@click.option(
-    "--required",
-    help="Comma-separated fields a message must have (default: msg_id,order_no,seq,amount,"
-    " the orders preset; with --id-field: only the id).",
-)
-@click.option(
-    "--max-bytes",
-    default=1024 * 1024,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Files larger than this are not messages (consume quarantines them unread).",
-)
-@flow_options()
-@retry_options
-@ops_options
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def consume(
-    qdir: Path,
-    db: Target | None,
-    workers: int,
-    required: str | None,
-    max_bytes: int,
-    as_json: bool,
-    **flags: Any,
-) -> None:
-    """Consume every message in QDIR/inbox into the ledger, effectively once.
-
-    Each file is claimed by an atomic rename into processing/, recorded in the
-    ledger (a duplicate msg_id is recorded as such), and moved to done/ only
-    after the commit; bad files go to error/ with a reason. Files a killed
-    consumer left in processing/ are recovered first.
-
-    Without --id-field, --url, --group-field, --seq-field or --keep the messages
-    are the exercise's orders (msg_id, order_no, seq, amount into the processed
-    table). With them it is your own flow: the id from --id-field, and with
-    --url each message is POSTed there (2xx done, 409 done as a partner
-    duplicate, other 4xx quarantined; see --success … --transient).
-
-    A transient failure (5xx, timeout, refused connection) is retried: once at
-    once, then after 5s, 30s, 2m and 10m, then quarantined (--retry,
-    --immediate-retries, --retry-delays change it; the orders preset has no
-    retry: its only effect is the ledger row). A file waiting for its retry is
-    in QDIR/retry/, due at its modification time; the run ends when inbox/,
-    its claims and retry/ are empty, sleeping until the next retry is due. With
-    --url a circuit breaker holds the files (back to inbox/, no attempt spent)
-    while the partner keeps failing, probing it with one file at a time.
-
-    Your own flow has a misconfiguration guard: when the first 10 files all
-    fail permanently for the same reason (a missing --id-field, a 404, a
-    401/403) the run stops before quarantining the rest, which stay in inbox/,
-    and exits 10 with one line saying what is probably wrong (--guard-failures
-    N, --no-guard). A run in which every file failed exits 11. The orders
-    preset keeps the exercise's rule: every bad file quarantined, exit 0.
-
-    Signals: this is a batch that is to empty the inbox, so a run that a signal
-    stops did not finish, and says so by its exit code: Ctrl-C (SIGINT) or SIGTERM
-    stops cleanly (nothing more is claimed, what is held is committed and moved,
-    the rest stays in inbox/), prints the summary, and exits 130 (SIGINT) or 143
-    (SIGTERM). A second signal stops at once (the next run recovers the claims).
-    On a terminal a status line on stderr shows the progress; piped, nothing.
-
-    --metrics-port PORT serves Prometheus metrics at http://127.0.0.1:PORT/metrics
-    and /healthz until the run ends (with --workers, the children's counts summed
-    by this process); a port in use exits 4 before anything is touched.
-
-    \b
-    Example:
-      onceq dirq consume ./q --workers 2
-      onceq dirq consume ./q --workers 2 --metrics-port 9464
-      onceq dirq consume ./inv --id-field invoiceId --url http://127.0.0.1:9300/api/invoices
-      onceq dirq consume ./inv --id-field invoiceId --keep customer,total --flow invoices
-      onceq dirq consume ./inv --id-field invoiceId --url http://x:9300/i --retry-delays 1s,5s
-    """
-    from onceq.cli.progress import live_progress
-    from onceq.core.hooks import RunHooks
-    from onceq.core.logs import setup as setup_logs
-    from onceq.exercise.dirq_batch import queue_error
-    from onceq.flows.batch import run_report
-    from onceq.flows.run_end import signal_name
-    from onceq.sources.dirq.open import DEAD_WORD
-    from onceq.sources.dirq.queue import DirQueue
-
-    ops = pop_ops(flags)
-    setup_logs(ops.log_format, ops.log_level)
-    flow = _consume_flow(qdir, workers, required, max_bytes, flags)
-    telemetry = telemetry_for(ops)  # the port first: in use, nothing is touched
-    hooks = RunHooks()
-    hooks.ledger_created.append(note_new_ledger)
-    # --workers N: N processes (the directory queue's own), which report only at their end.
-    with live_progress(str(qdir), DEAD_WORD, hooks):
-        report = run_report(
-            [flow],
-            db or DirQueue(qdir).default_db,
-            until_empty=True,
-            telemetry=telemetry,
-            hooks=hooks,
-            processes=True,
-        )
-    stats = report.stats[flow.name]
-    # A clean stop prints what it did like a finished run's, then the one line and the
-    # exit code (130 SIGINT, 143 SIGTERM; 10 or 11 for a run that ended, but not well).
-    stopped = signal_name(report.signal) if report.signal is not None else ""
-    _print_summary(qdir, stats, as_json, stopped_by=stopped)
-    error = queue_error(report, flow)
-    if error is not None:
-        raise error
-
-
-def _consume_flow(
-    qdir: Path, workers: int, required: str | None, max_bytes: int, flags: dict[str, Any]
-) -> Any:
-    """The flags' flow: the orders preset, or the user's own (onceq.cli.flow_flags: the
-    flow file's builder), with the retry and breaker flags (the preset keeps none unless
-    given)."""
-    from onceq.cli.flow_flags import over_preset, own_flow  # the flow builder: not for --help
-    from onceq.cli.flow_options import check_http_flags, is_generic
-    from onceq.exercise.flows import orders_flow
-
-    if is_generic(flags):
-        values = {**flags, "required": required, "qdir": qdir, "workers": workers}
-        fixed = {"max_bytes": max_bytes, "http.concurrency": 5}
-        return own_flow("dirq", values, fixed)
-    check_http_flags(flags)
-    flow = orders_flow(
-        qdir,
-        workers=workers,
-        required=parse_required(required or DEFAULT_REQUIRED),
-        max_bytes=max_bytes,
-    )
-    flow.name = flags.get("flow_name") or flow.name
-    return over_preset(flow.validate(), flags)
-
-
-def _print_summary(qdir: Path, stats: Stats, as_json: bool, stopped_by: str = "") -> None:
-    if as_json:
-        emit_json({**stats.as_dict(), **({"stopped_by": stopped_by} if stopped_by else {})})
-        return
-    print_run_summary(stats, head=f"{qdir}: ")
 
 
 @dirq.command(context_settings={"ignore_unknown_options": True})
@@ -234,10 +103,7 @@ def lag(qdir: str, threshold: str, as_json: bool) -> None:
     Example:
       onceq dirq lag ./q 100 || echo "the consumers are behind"
     """
-    # Deliberately light: no rich, no ledger; a monitor may run this every second.
-    from onceq.errors import NotFound, UsageError
-    from onceq.sources.dirq.queue import DirQueue
-
+    # Deliberately light (this module's imports): a monitor may run this every second.
     if not threshold.isascii() or not threshold.isdigit():
         raise UsageError(f"threshold {threshold!r}: not a non-negative integer")
     limit = int(threshold)

@@ -16,6 +16,7 @@ from onceq.cli.dirq_results import DB_HELP, QDIR, READ_FLOW_HELP
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json, note_new_ledger
 from onceq.errors import UsageError
+from onceq.ledger.sqlite import check_flow_name
 from onceq.ledger.target import Target, open_ledger
 from onceq.sources.dirq.dead import dead_files, replay_files, select
 from onceq.sources.dirq.queue import DirQueue
@@ -51,7 +52,6 @@ def list_(qdir: Path, reason: str | None, db: Target | None, flow_name: str, as_
       onceq dirq dead list ./q
       onceq dirq dead list ./inv --flow invoices --reason http-503 --json
     """
-
     queue = DirQueue(qdir).check()
     with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         files = dead_files(queue, ledger, reason)
@@ -104,9 +104,6 @@ def replay(
       onceq dirq replay ./q --reason parse
       onceq dirq replay ./inv --all --flow invoices --json
     """
-    # start-up time: `onceq dirq lag` loads this module, not sqlite3
-    from onceq.ledger.sqlite import check_flow_name
-
     chosen = [w for w, on in (("FILE", file is not None), ("--all", everything),
                               ("--reason", reason is not None)) if on]  # fmt: skip
     if len(chosen) != 1:

@@ -1,7 +1,7 @@
 """`onceq dirq schema`, `order-check` and `report`: what a queue and its ledger hold.
 
-Also the arguments every dirq command shares (QDIR, --db, --required), kept here so
-that `cli/dirq.py` imports them from one place without a cycle.
+Also the arguments the dirq commands share (QDIR, --db, --required). Imported only
+when one of these commands (or consume, replay, dead) runs: cli/dirq.py loads it lazily.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ from onceq.cli.db_option import db_option
 from onceq.cli.flow_options import flow_name_option
 from onceq.cli.output import emit_json
 from onceq.errors import NotFound, UsageError
+from onceq.exercise.orders_0_1_0 import MessageSpec
 from onceq.ledger.target import Target, open_ledger
 from onceq.sources.dirq.files import write_atomic
+from onceq.sources.dirq.order import read_sql, render, run_check
 from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.report import write_report
+from onceq.sources.dirq.schema import schema_csv
 
 # A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
 # the same in every command (click's own file_okay check would make a file exit 2).
 QDIR = click.Path(path_type=Path)
-NEW_QDIR = click.Path(path_type=Path, file_okay=False)  # init: a folder to create
 DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
 DB_HELP = (
     "Ledger: an SQLite file (default: QDIR/ledger.db; its folder must exist) or a"
@@ -58,7 +61,6 @@ def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def write_output(path: Path, text: str) -> Path:
     """Write a result file atomically (a reader never sees half of it)."""
-
     if not path.parent.is_dir():
         raise NotFound(f"{path.parent}: no such folder for {path.name}")
     if path.is_dir():
@@ -90,10 +92,6 @@ def schema(qdir: Path, output: Path | None, required: str, max_bytes: int) -> No
     Example:
       onceq dirq schema ./q -o ./q/schema.csv
     """
-    # start-up time (both): `onceq dirq lag` loads this module, not asyncio or sqlite3
-    from onceq.exercise.orders_0_1_0 import MessageSpec
-    from onceq.sources.dirq.schema import schema_csv
-
     spec = MessageSpec(required=parse_required(required), max_bytes=max_bytes)
     text = schema_csv(qdir, spec)
     if output is None:
@@ -145,9 +143,6 @@ def order_check(
       onceq dirq order-check ./q --sql my-check.sql --json
       onceq dirq order-check ./q --flow invoices
     """
-    # start-up time: `onceq dirq lag` loads this module, not sqlite3
-    from onceq.sources.dirq.order import read_sql, render, run_check
-
     if db is not None:
         path: Target = db
     elif qdir is not None:
@@ -196,9 +191,6 @@ def report(qdir: Path, db: Target | None, flow_name: str, as_json: bool) -> None
     Example:
       onceq dirq report ./q && cat ./q/error.csv
     """
-    # start-up time: `onceq dirq lag` loads this module, not sqlite3
-    from onceq.sources.dirq.report import write_report
-
     queue = DirQueue(qdir).check()
     with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
         dup, err = write_report(queue, ledger)

@@ -204,6 +204,7 @@ def remember_header_words(argv: list[str]) -> list[str]:
 
 def header_pairs(headers: tuple[str, ...]) -> dict[str, str]:
     """`--header` values as {NAME: VALUE}, each ${ENV} filled in and remembered as a secret."""
+    # start-up time: `onceq --help` loads this module (cli/__init__), not sqlite3
     from onceq.effects.http_headers import parse_header_arg
 
     out: dict[str, str] = {}

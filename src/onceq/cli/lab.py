@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from onceq.cli.output import console, emit_json
 from onceq.exercise.lab import fileq as lab_fileq
 from onceq.exercise.lab import mq as lab_mq_module
 
@@ -48,7 +49,13 @@ def fileq(root: Path, fixtures: Path | None, no_run: bool, as_json: bool) -> Non
       onceq lab fileq --root /tmp/x && cat /tmp/x/q/order-result.txt
     """
 
-    lab_fileq.run(root, fixtures=fixtures, no_run=no_run, as_json=as_json)
+    result = lab_fileq.run(root, fixtures=fixtures, no_run=no_run)
+    if as_json:
+        emit_json(result)
+        return
+    out = console()
+    for line in lab_fileq.report_lines(result):
+        out.print(line, markup=False)  # a path is printed as it is, brackets and all
 
 
 @lab.command("mq")

@@ -43,9 +43,12 @@ class LazyGroup(click.Group):
         return cmd
 
     def load_all(self) -> None:
-        """Every command imported (for what walks the whole tree: tests, docs checks)."""
+        """Every command imported, a lazy group's too (for what walks the whole tree:
+        tests, docs checks)."""
         for name in self.lazy:
-            self.get_command(click.Context(self), name)
+            cmd = self.get_command(click.Context(self), name)
+            if isinstance(cmd, LazyGroup):
+                cmd.load_all()
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

@@ -7,19 +7,27 @@ from typing import Any
 import click
 
 from onceq.cli.db_option import db_option
-from onceq.cli.flow_options import flow_options
+from onceq.cli.flow_flags import over_preset, own_flow
+from onceq.cli.flow_options import check_http_flags, flow_options, is_generic
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, note_new_ledger, print_run_summary
+from onceq.cli.progress import live_progress
 from onceq.cli.retry_options import retry_options
+from onceq.core.hooks import RunHooks
+from onceq.core.logs import setup as setup_logs
+from onceq.core.stop import Stop
 from onceq.errors import UsageError
+from onceq.exercise.flows import claims_flow
+from onceq.flows.batch import run_report
+from onceq.flows.run_end import run_error
 from onceq.ledger.target import Target, describe
+from onceq.sources.amqp.consume import default_db
+from onceq.sources.amqp.topology import QUEUE
+from onceq.sources.amqp.url import amqp_url
 
 
 def cli_url() -> str:
     """The broker URL of every `mq` command, logging set up so no line shows its password."""
-    from onceq.core.logs import setup as setup_logs
-    from onceq.sources.amqp.url import amqp_url
-
     setup_logs()
     return amqp_url()
 
@@ -148,14 +156,6 @@ def consume(
       onceq mq consume --queue invoice.in --id-field invoiceId \\
           --url http://127.0.0.1:9300/api/invoices --until-empty
     """
-    from onceq.cli.progress import live_progress
-    from onceq.core.hooks import RunHooks
-    from onceq.core.logs import setup as setup_logs
-    from onceq.core.stop import Stop
-    from onceq.flows.batch import run_report
-    from onceq.flows.run_end import run_error
-    from onceq.sources.amqp.consume import default_db
-
     ops = pop_ops(flags)
     url = cli_url()
     setup_logs(ops.log_format, ops.log_level)
@@ -220,10 +220,6 @@ def _consume_flow(
 ) -> Any:
     """--claim: the claims preset; --url (and the spec flags): the user's own flow, both
     with the retry, breaker and guard flags (onceq.cli.flow_flags: the flow file's builder)."""
-    from onceq.cli.flow_flags import over_preset, own_flow  # the flow builder: not for --help
-    from onceq.cli.flow_options import check_http_flags, is_generic
-    from onceq.exercise.flows import claims_flow
-
     if claim_url is not None:
         if is_generic(flags) or queue is not None or required is not None:
             raise UsageError(
@@ -239,7 +235,6 @@ def _consume_flow(
             "mq consume: give --claim URL (the claims preset) or --url URL (your own"
             " flow) (see onceq mq consume --help)"
         )
-    from onceq.sources.amqp.topology import QUEUE
 
     check_http_flags(flags)
     values = {**flags, "required": required, "queue": queue or QUEUE, "prefetch": prefetch}

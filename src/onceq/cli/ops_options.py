@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from onceq.ops.telemetry import LOG_FORMATS, OpsOptions, Telemetry
+from onceq.core.logs import LOG_FORMATS
+from onceq.ops.telemetry import OpsOptions, Telemetry
 
 OPS_KEYS = ("metrics_port", "metrics_host", "log_format", "log_level")
 

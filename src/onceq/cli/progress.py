@@ -24,6 +24,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
+from onceq.core.logs import json_mode
+from onceq.core.stats import Stats
+
 if TYPE_CHECKING:
     from onceq.core.hooks import Hooks, RunHooks
     from onceq.ledger.sqlite import Entry
@@ -36,7 +39,6 @@ class StatusLine:
     """Counts settled entries and draws them as one line on `stream`."""
 
     def __init__(self, label: str, dead_word: str, stream: TextIO) -> None:
-        from onceq.core.consumer import Stats
 
         self.label = label
         self.stream = stream
@@ -102,8 +104,6 @@ def live_progress(
     label: str, dead_word: str, hooks: RunHooks, stream: TextIO | None = None
 ) -> Iterator[None]:
     """While inside, a status line fed by the run's consumers (`hooks`), on a terminal."""
-    from onceq.core.logs import json_mode
-
     stream = stream or sys.stderr
     # With --log-format json every stderr line is an object a reader parses, even on
     # a terminal (a log viewer's pty): no status line is drawn between them.

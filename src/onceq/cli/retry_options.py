@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from onceq.cli.flow_flags import over_preset, retry_policy
+
 if TYPE_CHECKING:
     from onceq.core.retry import RetryPolicy
     from onceq.flows.flow import Flow
@@ -130,8 +132,6 @@ def _pop(values: dict[str, Any]) -> dict[str, Any]:
 def retry_from_values(values: dict[str, Any]) -> RetryPolicy | None:
     """The retry policy the flags describe (over the default policy), None if no retry
     flag was given: `mq topology` declares this policy's tiers. Pops the retry keys."""
-    from onceq.cli.flow_flags import retry_policy  # the flow builder: not for --help
-
     return retry_policy(_pop(values))
 
 
@@ -139,6 +139,4 @@ def apply_retry(flow: Flow, values: dict[str, Any]) -> Flow:
     """`flow` with .retry/.breaker/.guard changed by whichever flags were given (a copy;
     the flow is unchanged when none was). Pops every retry, breaker and guard key from
     `values`; UsageError (exit 2) naming the flag for a bad value."""
-    from onceq.cli.flow_flags import over_preset  # the flow builder: not for --help
-
     return over_preset(flow, _pop(values))

@@ -10,6 +10,14 @@ import click
 
 from onceq.cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq.cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq.core.logs import setup as setup_logs
+from onceq.core.redact import redact_url
+from onceq.effects.http import HttpEffect
+from onceq.errors import Misconfigured
+from onceq.flows.batch import run_report
+from onceq.flows.file import FlowFileError, load_flows
+from onceq.flows.file_retry import describe, summary
+from onceq.flows.run_end import run_error
 from onceq.ledger.target import describe as describe_target
 
 FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
@@ -17,8 +25,6 @@ FLOW_FILE = click.Path(path_type=Path, dir_okay=False)
 
 def load_or_exit(file: Path, names: tuple[str, ...]) -> Any:
     """The checked flow file, or every mistake on stderr (one line each) and exit 2."""
-    from onceq.flows.file import FlowFileError, load_flows
-
     try:
         return load_flows(file, names)
     except FlowFileError as exc:
@@ -69,8 +75,6 @@ def check(file: Path, as_json: bool) -> None:
     \b
       onceq check flows.toml && onceq run flows.toml --until-empty
     """
-    from onceq.flows.file_retry import describe, summary
-
     ff = load_or_exit(file, ())
     rows = [
         {
@@ -94,13 +98,10 @@ def check(file: Path, as_json: bool) -> None:
 
 
 def _effect_word(flow: Any) -> str:
-    from onceq.effects.http import HttpEffect
 
     if flow.effect is None:
         return "ledger row"
     if isinstance(flow.effect, HttpEffect):
-        from onceq.core.redact import redact_url
-
         # stdout masks only remembered passwords (4+ characters): a URL onceq prints
         # is masked where it is formatted, so `http://bob:pw@…` shows no `pw` either.
         return f"{flow.effect.method} {redact_url(flow.effect.url)}"
@@ -171,11 +172,6 @@ def run(
       curl -s http://127.0.0.1:9464/metrics; curl -s http://127.0.0.1:9464/healthz
     """
     import dataclasses
-
-    from onceq.core.logs import setup as setup_logs
-    from onceq.errors import Misconfigured
-    from onceq.flows.batch import run_report
-    from onceq.flows.run_end import run_error
 
     host_flag = flags.get("metrics_host")
     ops = pop_ops(flags)

@@ -20,8 +20,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onceq.core.stats import Stats
+from onceq.core.summary import run_summary
 from onceq.errors import Conflict, NotFound, OnceqError, QueueError, UsageError, redact_text
+from onceq.exercise.dirq_batch import consume_queue as consume
 from onceq.exercise.lab import python_preamble, shell_onceq, write_script
+from onceq.exercise.sample import sample_dir
+from onceq.ledger.target import open_ledger
+from onceq.sources.dirq.files import write_atomic
+from onceq.sources.dirq.order import DEFAULT_SQL, read_sql, render, run_check
+from onceq.sources.dirq.queue import DirQueue
+from onceq.sources.dirq.report import write_report
+from onceq.sources.dirq.schema import schema_csv
 
 CONSUME_PY = """
 from pathlib import Path
@@ -62,11 +72,6 @@ exec {onceq} dirq replay -- "$Q" "$1"
 
 def consume_and_report(qdir: Path) -> dict[str, Any]:
     """Consume qdir into qdir/ledger.db, then rewrite dup.txt and error.csv."""
-    from onceq.exercise.dirq_batch import consume_queue as consume
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.queue import DirQueue
-    from onceq.sources.dirq.report import write_report
-
     queue = DirQueue(qdir).check()
     new_ledger = not queue.default_db.exists()
     stats = consume(qdir)
@@ -86,9 +91,6 @@ def consume_and_report(qdir: Path) -> dict[str, Any]:
 def summary_lines(qdir: Path, outcome: dict[str, Any]) -> list[str]:
     """The run's summary as `onceq dirq consume` words it (`run_summary`: the same counts,
     the all-failed first line), with the folders and ledger rows the exercise checks."""
-    from onceq.cli.output import run_summary
-    from onceq.core.consumer import Stats
-
     stats = Stats(dead_word="quarantined")
     stats.merge(outcome["run"])
     folders = outcome["folders"]
@@ -116,8 +118,6 @@ def consume_main(qdir: Path) -> int:
 
 def _fixture_dir(fixtures: Path | None) -> Path:
     if fixtures is None:
-        from onceq.exercise.sample import sample_dir
-
         return sample_dir()
     if not fixtures.is_dir():
         raise NotFound(f"{fixtures}: no such fixtures folder")
@@ -137,11 +137,6 @@ def _check_free(q: Path) -> None:
 
 def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
     """Create R/q with the fixtures queued, schema.csv and the scripts; returns (q, queued)."""
-    from onceq.sources.dirq.files import write_atomic
-    from onceq.sources.dirq.order import DEFAULT_SQL
-    from onceq.sources.dirq.queue import DirQueue
-    from onceq.sources.dirq.schema import schema_csv
-
     q = root / "q"
     src = _fixture_dir(fixtures)
     _check_free(q)  # every refusal above and here changes nothing
@@ -160,10 +155,6 @@ def build(root: Path, fixtures: Path | None = None) -> tuple[Path, int]:
 
 def order_result(q: Path) -> tuple[str, int]:
     """Run q/order-check.sql over q/ledger.db into q/order-result.txt; (first line, rows)."""
-    from onceq.ledger.target import open_ledger
-    from onceq.sources.dirq.files import write_atomic
-    from onceq.sources.dirq.order import read_sql, render, run_check
-
     with open_ledger(q / "ledger.db", create=False) as ledger:
         columns, rows = run_check(ledger, read_sql(q / "order-check.sql"))
     text = render(columns, rows)
@@ -171,33 +162,28 @@ def order_result(q: Path) -> tuple[str, int]:
     return text.splitlines()[0], len(rows)
 
 
-def run(root: Path, *, fixtures: Path | None, no_run: bool, as_json: bool) -> None:
-    """`onceq lab fileq`: build R/q and, unless no_run, consume it and write the reports."""
+def run(root: Path, *, fixtures: Path | None, no_run: bool) -> dict[str, Any]:
+    """`onceq lab fileq`: build R/q and, unless no_run, consume it and write the reports.
+
+    Returns the outcome (what --json prints); `report_lines` words it for a person."""
     q, queued = build(root, fixtures)
     result: dict[str, Any] = {"queue": str(q), "queued": queued, "ran": not no_run}
     if not no_run:
         outcome = consume_and_report(q)
         first, problems = order_result(q)
         result.update(outcome, order_result=first, order_problems=problems)
-    if as_json:
-        from onceq.cli.output import emit_json
+    return result
 
-        emit_json(result)
-        return
-    from onceq.cli.output import console
 
-    out = console()
-    # markup=False: a path is printed as it is, brackets and all.
-    out.print(
-        f"{q}: {queued} message(s) queued; schema.csv, consume.py, lag.sh, replay.sh,"
-        " order-check.sql written",
-        markup=False,
-    )
-    if no_run:
-        out.print(f"Next: python3 {q / 'consume.py'}", markup=False)
-        return
-    for line in summary_lines(q, result):
-        out.print(line, markup=False)
-    out.print(
-        f"order-result.txt: {result['order_result']}; reports: dup.txt, error.csv", markup=False
-    )
+def report_lines(result: dict[str, Any]) -> list[str]:
+    """`run`'s outcome as `onceq lab fileq` prints it (the cli layer prints it)."""
+    q = Path(result["queue"])
+    lines = [
+        f"{q}: {result['queued']} message(s) queued; schema.csv, consume.py, lag.sh,"
+        " replay.sh, order-check.sql written"
+    ]
+    if not result["ran"]:
+        return [*lines, f"Next: python3 {q / 'consume.py'}"]
+    lines += summary_lines(q, result)
+    lines.append(f"order-result.txt: {result['order_result']}; reports: dup.txt, error.csv")
+    return lines

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from onceq.errors import BrokerUnavailable, NotFound, redact_text
 from onceq.exercise.lab import python_preamble, write_script
+from onceq.exercise.sample import sample_dir
 
 NODE = "rabbit@localhost"
 # rabbitmqctl bolds its section titles with ANSI escapes even into a pipe (it has no
@@ -99,8 +100,6 @@ def lab_dir(root: Path) -> Path:
 
 def write_layout(root: Path) -> Path:
     """Write the four scripts and the sample claim.json; returns R/eaimw/mq."""
-    from onceq.exercise.sample import sample_dir
-
     d = lab_dir(root)
     write_script(d / "mq-up.sh", MQ_UP_SH)
     write_script(d / "topology.py", python_preamble() + TOPOLOGY_PY)
