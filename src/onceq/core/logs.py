@@ -58,7 +58,6 @@ LEVELS = {
 }
 LOG_FORMATS = ("human", "json")  # --log-format's choices: what `setup` takes
 HUMAN = "onceq: %(levelname)s %(name)s: %(message)s"
-LOG_FORMATS = ("human", "json")
 
 # Every event a log line may carry, and what it means (docs/operations.md shows this
 # table; tests/unit/test_log_events.py checks every call site of the library against it).

@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceq.core.logs import LOG_FORMATS, flow_context, log_group
+from onceq.core.logs import flow_context, log_group
 from onceq.core.stats import Stats
 from onceq.ops.metrics_port import bind_socket
 from onceq.ops.metrics_queues import reader_for
@@ -55,8 +55,7 @@ from onceq.ops.metrics_snapshot import (
 )
 from onceq.ops.telemetry_live import Live, source_snapshot, start_heartbeat
 
-# LOG_FORMATS's home is onceq.core.logs; still named here for the CLI that imports it from here.
-__all__ = ["LOG_FORMATS", "OpsOptions", "Telemetry"]
+__all__ = ["OpsOptions", "Telemetry"]
 
 log = logging.getLogger("onceq.telemetry")  # the name in every log line: kept across moves
 
