@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 
 from onceq.core.keys import Mistakes, get
+from onceq.core.message import MessageSpec
+from onceq.core.transport import Delivery
 from onceq.flows.file import FlowFileError, load_flows
 from onceq.flows.flow import Flow
+from onceq.flows.runner import run
+from onceq.ledger.sqlite import Ledger
 from onceq.ops import status
 from onceq.ops.metrics_queues import reader_for
 from onceq.sources import registry
+from onceq.sources.feed import Feed
+from onceq.sources.memory import MemoryTransport
 from onceq.sources.registry import SourceType
 
 
@@ -52,6 +58,13 @@ class TestQType(SourceType):
 
     def depth_reader(self, flow: Any, transport: Any) -> Reader:
         return Reader(len(flow.source.items))
+
+    def open(self, flow: Any, until_empty: bool) -> Feed:
+        # its bodies as a broker would hand them out: the run drives it as any source
+        deliveries = [
+            Delivery(body=b.encode(), ref=f"testq-{i}") for i, b in enumerate(flow.source.items)
+        ]
+        return Feed(MemoryTransport(deliveries))
 
     async def status_depths(
         self, flow: Any, api: str | None, now: datetime
@@ -122,3 +135,17 @@ def test_the_builtin_kinds_are_found_by_their_objects() -> None:
     assert registry.of(MemoryTransport()) is registry.named("transport")
     assert registry.of(object()) is None
     assert registry.kinds() == ["dirq", "rabbitmq", "testq"]
+
+
+def test_a_flow_of_the_registered_kind_runs_once_per_id(tmp_path: Path) -> None:
+    """The one run path opens it through its type: the ledger refuses the second copy."""
+    calls: list[str] = []
+    bodies = ['{"id": "a"}', '{"id": "b"}', '{"id": "a"}']
+    flow = Flow(
+        "t", TestQ(tuple(bodies)), MessageSpec(id_field="id"), lambda doc: calls.append(doc["id"])
+    )
+    stats = run(flow, ledger=tmp_path / "ledger.db", until_empty=True)["t"]
+    assert (stats.processed, stats.duplicates) == (2, 1)
+    assert sorted(calls) == ["a", "b"]
+    with Ledger(tmp_path / "ledger.db", flow="t") as ledger:
+        assert ledger.processed_ref("a") is not None and ledger.processed_ref("b") is not None
