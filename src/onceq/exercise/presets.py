@@ -12,8 +12,8 @@ no duplicate status.
 from __future__ import annotations
 
 from onceq.core.message import MessageSpec
+from onceq.core.url_check import check_url
 from onceq.effects.http import HttpEffect, StatusMap
-from onceq.sources.amqp.url import check_url
 
 # The orders spec is the directory queue's default message: it lives with that source.
 from onceq.sources.dirq.orders import ORDERS, ORDERS_REQUIRED, ORDERS_TYPES, OrdersSpec

@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from onceq.core.redact import redact_text, redact_url, remember_secret
-from onceq.sources.amqp.url import check_url
+from onceq.core.url_check import check_url
 
 log = logging.getLogger("onceq.amqp.management")  # the name in every log line: kept across moves
 

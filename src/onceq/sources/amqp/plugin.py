@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from onceq.core.keys import Mistakes, check, get
+from onceq.core.url_check import check_url
 from onceq.errors import OnceqError
 from onceq.sources.amqp.depths import RabbitDepths
 from onceq.sources.amqp.open import RabbitFeed
 from onceq.sources.amqp.status import flow_depths
 from onceq.sources.amqp.topology import Topology
-from onceq.sources.amqp.url import check_url
 from onceq.sources.registry import SourceType
 
 __all__ = ["DEFAULT_PREFETCH", "RABBITMQ", "RabbitSource", "RabbitType"]

@@ -44,10 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq.core.retry import DEFAULT_DELAYS, delay_label
+from onceq.core.url_check import shown
 from onceq.errors import Conflict
 from onceq.sources.amqp.topology import QUEUE, Queue, Topology, option_label
 from onceq.sources.amqp.topology_types import DELIVERY_LIMIT, QUORUM
-from onceq.sources.amqp.url import boundary, close_quietly, connect, shown
+from onceq.sources.amqp.url import boundary, close_quietly, connect
 
 log = logging.getLogger("onceq.amqp.preflight")  # the name in every log line: kept across moves
 
