@@ -9,7 +9,7 @@ holds /tmp; the filesystem type is printed), then consumes them with:
 - baseline: what a tutorial would write — per message rename inbox→processing, read,
   json.loads, INSERT OR IGNORE and commit (one transaction per message, SQLite's
   default settings: rollback journal, synchronous FULL), rename to done/;
-- onceq, 1 worker and 2 workers (`onceq.exercise.dirq_batch.consume_queue`, `workers=2`,
+- onceq, 1 worker and 2 workers (`onceq._exercise.dirq_batch.consume_queue`, `workers=2`,
   exactly what the CLI runs): batched commits, WAL + synchronous=FULL, files moved
   by link+unlink after the commit, folders fsynced once per batch;
 - ceiling: the same steps with every avoidable cost removed, durability first — one
@@ -49,11 +49,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import compare
-from onceq.exercise.dirq_batch import consume_queue as consume
-from onceq.sources.dirq.queue import DirQueue
+from onceq._exercise.dirq_batch import consume_queue as consume
+from onceq._sources.dirq.queue import DirQueue
 
 DUPLICATE_EVERY = 10  # every 10th file re-sends an earlier msg_id
-GROUP = 256  # the ceiling's commit group: onceq's (onceq.sources.dirq.open.GROUP)
+GROUP = 256  # the ceiling's commit group: onceq's (onceq._sources.dirq.open.GROUP)
 REQUIRED = ("msg_id", "order_no", "seq", "amount")
 
 
@@ -192,8 +192,8 @@ def save_invoice(tx: sqlite3.Connection, doc: dict[str, object]) -> None:
 def has_sql_effect() -> bool:
     """Does this onceq have flows with a SQL effect (issue 7)? The flow rows need it."""
     try:
-        from onceq.core.effect import SqlEffect  # noqa: F401
-        from onceq.ledger.sqlite import Ledger
+        from onceq._core.effect import SqlEffect  # noqa: F401
+        from onceq._ledger.sqlite import Ledger
     except ImportError:
         return False
     import inspect
@@ -208,13 +208,13 @@ def flow(root: Path, with_sql: bool) -> int:
     `onceq dirq consume` composes the preset (a Worker, a flow-scoped Ledger, the
     Consumer with one try per message), so the figure is the runner's, not the bench's.
     """
-    from onceq.core.effect import SqlEffect
+    from onceq._core.effect import SqlEffect
 
     sql = SqlEffect(save_invoice, setup=INVOICES_DDL) if with_sql else None
     db = root / "ledger.db"
     try:
         from onceq import DirSource, Flow, run
-        from onceq.core.message import MessageSpec
+        from onceq._core.message import MessageSpec
     except ImportError:
         return _flow_composed(root, db, sql)
     spec = MessageSpec(id_field="invoiceId", required=("customer", "total"))
@@ -226,14 +226,14 @@ def _flow_composed(root: Path, db: Path, sql: object) -> int:
     """`flow` on an onceq with the flow-scoped ledger but no `onceq.run` yet."""
     import asyncio
 
-    from onceq.core.consumer import Consumer
-    from onceq.exercise import orders_0_1_0 as message
-    from onceq.ledger.sqlite import Ledger
-    from onceq.sources.dirq.open import GROUP as RUN_GROUP
-    from onceq.sources.dirq.worker import Worker
+    from onceq._core.consumer import Consumer
+    from onceq._exercise import orders_0_1_0 as message
+    from onceq._ledger.sqlite import Ledger
+    from onceq._sources.dirq.open import GROUP as RUN_GROUP
+    from onceq._sources.dirq.worker import Worker
 
-    try:  # the generic spec of issue 7 (onceq.exercise.orders_0_1_0's is the orders preset)
-        from onceq.core.message import MessageSpec
+    try:  # the generic spec of issue 7 (onceq._exercise.orders_0_1_0's is the orders preset)
+        from onceq._core.message import MessageSpec
     except ImportError:
         MessageSpec = message.MessageSpec  # type: ignore[misc]
     spec = MessageSpec(id_field="invoiceId", required=("invoiceId", "customer", "total"))

@@ -5,7 +5,7 @@
 
 Two workloads, each measured with metrics off (the baseline), on, and its ceiling:
 
-- directory queue (bench/dirq_throughput.py's work): `onceq.exercise.dirq_batch.consume_queue` of N
+- directory queue (bench/dirq_throughput.py's work): `onceq._exercise.dirq_batch.consume_queue` of N
   order files, what `onceq dirq consume` runs; on = a Telemetry on a free port (the
   server on the consumer's loop, the folder scan in a thread every 5 s), scraped
   every --scrape-every seconds by another process (faster than Prometheus's usual
@@ -60,8 +60,8 @@ def scraper(port: int, every: float) -> Iterator[None]:
 
 
 def dirq_run(base: Path, label: str, n: int, metrics: bool, every: float) -> float:
-    from onceq.exercise.dirq_batch import consume_queue as consume
-    from onceq.ops.telemetry import OpsOptions, Telemetry
+    from onceq._exercise.dirq_batch import consume_queue as consume
+    from onceq._ops.telemetry import OpsOptions, Telemetry
 
     if not metrics:
         return dt.measure(base, label, n, lambda root: consume(root).received)

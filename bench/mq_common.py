@@ -168,8 +168,8 @@ def write_claims(folder: Path, n: int, tag: str = "c") -> list[Path]:
 
 def publish(vhost: Vhost, paths: list[Path]) -> None:
     """Queue the claims through onceq's publisher (set-up, not measured)."""
-    from onceq.sources.amqp.publisher import load_claims
-    from onceq.sources.amqp.publisher import publish as do_publish
+    from onceq._sources.amqp.publisher import load_claims
+    from onceq._sources.amqp.publisher import publish as do_publish
 
     report = asyncio.run(do_publish(vhost.url, load_claims(paths)))
     if report.published != len(paths):

@@ -121,7 +121,7 @@ def ceiling(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
 
 
 def ours_library(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
-    from onceq.sources.amqp.publisher import load_claims, publish
+    from onceq._sources.amqp.publisher import load_claims, publish
 
     report = asyncio.run(publish(vhost.url, load_claims(paths), window=window))
     assert report.published == len(paths)

@@ -16,7 +16,7 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   CLI's default, and 20): with 5 in flight and a partner that answers at once a message's
   rate is 5 / the time it takes, so every round trip to PostgreSQL shows; with 20 the
   round trips of different messages overlap and what remains is CPU.
-- dirq: `onceq.exercise.dirq_batch.consume_queue` (what `onceq dirq consume` runs) over a
+- dirq: `onceq._exercise.dirq_batch.consume_queue` (what `onceq dirq consume` runs) over a
   fresh queue of n messages (one in ten a re-sent id), into SQLite and into PostgreSQL, 1 worker
   and `--workers 2` (`workers=2`), and dirq_throughput's ceiling (the same steps,
   no fsync at all, one process). Rate: messages / wall time of the call, as

@@ -1,4 +1,4 @@
-"""The `onceq` command run in this process, through its real entry point (`onceq.cli.main`).
+"""The `onceq` command run in this process, through its real entry point (`onceq._cli.main`).
 
 A new Python process costs 0.2-0.5 s (the interpreter, onceq's imports); a command
 whose point is its arguments, its output and its exit code runs here in a few ms with
@@ -27,8 +27,8 @@ from click.testing import CliRunner
 
 from support import SAMPLE
 
-_QUIETENED = ("aiormq", "aio_pika")  # onceq.core.logs.setup sets their levels
-# Read once, when a process starts (Python's own start, onceq.core.faults at import):
+_QUIETENED = ("aiormq", "aio_pika")  # onceq._core.logs.setup sets their levels
+# Read once, when a process starts (Python's own start, onceq._core.faults at import):
 # laid over this process's environment they would change nothing, silently.
 READ_AT_START = {"PYTHONPATH", "PYTHONHOME", "ONCEQ_FAULT", "ONCEQ_FAULT_AFTER"}
 
@@ -36,9 +36,9 @@ READ_AT_START = {"PYTHONPATH", "PYTHONHOME", "ONCEQ_FAULT", "ONCEQ_FAULT_AFTER"}
 @contextlib.contextmanager
 def _fresh_process_state() -> Iterator[None]:
     """Put back, afterwards, what the CLI changes for the whole process."""
-    import onceq.cli.output as output  # after the test process's own imports of onceq
-    import onceq.core.logs as logs
-    import onceq.core.redact as redact
+    import onceq._cli.output as output  # after the test process's own imports of onceq
+    import onceq._core.logs as logs
+    import onceq._core.redact as redact
 
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
@@ -89,7 +89,7 @@ def run_here(
     the child's); `cwd` is the working directory for the call; click wraps help at
     `help_width` columns (80: click's isolation's own).
     """
-    from onceq.cli import main
+    from onceq._cli import main
 
     with (
         _fresh_process_state(),

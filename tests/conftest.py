@@ -127,7 +127,7 @@ def ledger_target(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[
     """Where a ledger lives, once for each kind: an SQLite path, a PostgreSQL URL.
 
     The ledger contract (tests/contract/test_ledger_contract.py) and every test that
-    must hold on both ledgers take this, and open it with `onceq.ledger.target.open_ledger`.
+    must hold on both ledgers take this, and open it with `onceq._ledger.target.open_ledger`.
     """
     if request.param == "sqlite":
         yield str(tmp_path / "ledger.db")  # type: ignore[operator]

@@ -1,6 +1,6 @@
 """The two decoders of onceq 0.1.0 (commit 036b324), kept verbatim as the oracle.
 
-tests/unit/test_message_spec.py checks that the presets (onceq.exercise.presets.ORDERS and
+tests/unit/test_message_spec.py checks that the presets (onceq._exercise.presets.ORDERS and
 CLAIMS) give the same Kind, reason and detail as these for any input. Do not
 "fix" anything here: this file is what 0.1.0 did.
 """
@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from onceq.core.consumer import Outcome
+from onceq._core.consumer import Outcome
 from onceq.errors import redact_text
-from onceq.core.values import fits_int64, is_utf8
-from onceq.core.transport import Delivery, Kind
+from onceq._core.values import fits_int64, is_utf8
+from onceq._core.transport import Delivery, Kind
 
 
 DEFAULT_REQUIRED = ("msg_id", "order_no", "seq", "amount")

@@ -7,7 +7,7 @@ import json
 import pika
 
 from mq_support import ctl, vhost, wait_for
-from onceq.sources.amqp.depths import QueueDepth
+from onceq._sources.amqp.depths import QueueDepth
 
 
 def truth(url: str) -> dict[str, QueueDepth]:

@@ -1,6 +1,6 @@
 """`python tests/heartbeat_cli.py ARGS` = `onceq ARGS` with a short heartbeat period.
 
-Telemetry.track (onceq.ops.telemetry) starts a Heartbeat for every consumer it watches,
+Telemetry.track (onceq._ops.telemetry) starts a Heartbeat for every consumer it watches,
 with the production period (5 s). A test that wants to see a stale row within seconds
 instead of 15 runs the real CLI through this wrapper, which only shortens the period:
 everything else — the consume paths, their heartbeats, the signals, the stop, the
@@ -15,21 +15,21 @@ import os
 import sys
 from typing import Any
 
-import onceq.ops.heartbeat
+import onceq._ops.heartbeat
 
 EVERY = float(os.environ.get("ONCEQ_TEST_HEARTBEAT_EVERY", "1"))
 
 
-class ShortHeartbeat(onceq.ops.heartbeat.Heartbeat):
+class ShortHeartbeat(onceq._ops.heartbeat.Heartbeat):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["every"] = EVERY
         super().__init__(*args, **kwargs)
 
 
 # Telemetry.track imports the name at each start: this one is found.
-onceq.ops.heartbeat.Heartbeat = ShortHeartbeat  # type: ignore[misc]
+onceq._ops.heartbeat.Heartbeat = ShortHeartbeat  # type: ignore[misc]
 
 if __name__ == "__main__":
-    from onceq.cli import main
+    from onceq._cli import main
 
     main(sys.argv[1:])

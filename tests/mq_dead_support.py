@@ -37,9 +37,9 @@ def run_dead(
 def consume_exercise(url: str, claim: str, db: Path, prefetch: int = 20) -> Any:
     """One `mq consume --claim CLAIM --until-empty` run with the exercise's rule
     (one immediate retry, then dead; no breaker), in this process."""
-    from onceq.core.retry import BreakerPolicy, RetryPolicy
-    from onceq.exercise.flows import claims_flow
-    from onceq.flows.batch import run_report
+    from onceq._core.retry import BreakerPolicy, RetryPolicy
+    from onceq._exercise.flows import claims_flow
+    from onceq._flows.batch import run_report
 
     flow = claims_flow(claim, url=url, prefetch=prefetch)
     flow.retry = RetryPolicy.exercise()

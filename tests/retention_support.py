@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.ledger.sqlite import Entry
-from onceq.ledger.target import open_ledger
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import open_ledger
 
 DAY = 86_400.0
 NOW = datetime.now(UTC)

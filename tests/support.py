@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 BROKER = ("127.0.0.1", 5672)
-SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "exercise" / "sample"
+SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "_exercise" / "sample"
 
 
 def broker_answers() -> bool:

@@ -14,8 +14,8 @@ list): anything else under `onceq.` may change without notice.
 from __future__ import annotations
 
 # First, before any other import: the `onceq run/mq consume/dirq consume` command keeps
-# a stop signal that comes while it starts (onceq.core.early), instead of dying with 143.
-from onceq.core.early import catch_for_command as _catch_early
+# a stop signal that comes while it starts (onceq._core.early), instead of dying with 143.
+from onceq._core.early import catch_for_command as _catch_early
 
 _catch_early()
 
@@ -40,32 +40,32 @@ from onceq.errors import (
 # and asyncio, since a short command's time is mostly start-up.
 _LAZY = {
     # a flow and how it runs
-    "Flow": "onceq.flows.flow",
-    "DirSource": "onceq.sources.dirq.plugin",
-    "RabbitSource": "onceq.sources.amqp.plugin",
-    "MessageSpec": "onceq.core.message",
-    "HttpEffect": "onceq.effects.http",
-    "StatusMap": "onceq.effects.http",
-    "PythonEffect": "onceq.core.effect",
-    "SqlEffect": "onceq.core.effect",
-    "Reject": "onceq.core.effect",
-    "Retry": "onceq.core.effect",
-    "RetryPolicy": "onceq.core.retry",
-    "BreakerPolicy": "onceq.core.retry",
-    "GuardPolicy": "onceq.core.misconfig",
-    "run": "onceq.flows.runner",
-    "run_async": "onceq.flows.runner",
-    "load_flows": "onceq.flows.file",
+    "Flow": "onceq._flows.flow",
+    "DirSource": "onceq._sources.dirq.plugin",
+    "RabbitSource": "onceq._sources.amqp.plugin",
+    "MessageSpec": "onceq._core.message",
+    "HttpEffect": "onceq._effects.http",
+    "StatusMap": "onceq._effects.http",
+    "PythonEffect": "onceq._core.effect",
+    "SqlEffect": "onceq._core.effect",
+    "Reject": "onceq._core.effect",
+    "Retry": "onceq._core.effect",
+    "RetryPolicy": "onceq._core.retry",
+    "BreakerPolicy": "onceq._core.retry",
+    "GuardPolicy": "onceq._core.misconfig",
+    "run": "onceq._flows.runner",
+    "run_async": "onceq._flows.runner",
+    "load_flows": "onceq._flows.file",
     # testing a flow, and the loop underneath
-    "MemoryTransport": "onceq.sources.memory",
-    "Consumer": "onceq.core.consumer",
-    "Outcome": "onceq.core.consumer",
-    "Stats": "onceq.core.consumer",
-    "Ledger": "onceq.ledger.sqlite",
-    "Delivery": "onceq.core.transport",
-    "Kind": "onceq.core.transport",
-    "Settle": "onceq.core.transport",
-    "decide": "onceq.core.transport",
+    "MemoryTransport": "onceq._sources.memory",
+    "Consumer": "onceq._core.consumer",
+    "Outcome": "onceq._core.consumer",
+    "Stats": "onceq._core.consumer",
+    "Ledger": "onceq._ledger.sqlite",
+    "Delivery": "onceq._core.transport",
+    "Kind": "onceq._core.transport",
+    "Settle": "onceq._core.transport",
+    "decide": "onceq._core.transport",
 }
 
 # Written out (not built from _LAZY): a linter and a reader see the public names here.
@@ -110,20 +110,20 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ imports
-    from onceq.core.consumer import Consumer, Outcome, Stats
-    from onceq.core.effect import PythonEffect, Reject, Retry, SqlEffect
-    from onceq.core.message import MessageSpec
-    from onceq.core.misconfig import GuardPolicy
-    from onceq.core.retry import BreakerPolicy, RetryPolicy
-    from onceq.core.transport import Delivery, Kind, Settle, decide
-    from onceq.effects.http import HttpEffect, StatusMap
-    from onceq.flows.file import load_flows
-    from onceq.flows.flow import Flow
-    from onceq.flows.runner import run, run_async
-    from onceq.ledger.sqlite import Ledger
-    from onceq.sources.amqp.plugin import RabbitSource
-    from onceq.sources.dirq.plugin import DirSource
-    from onceq.sources.memory import MemoryTransport
+    from onceq._core.consumer import Consumer, Outcome, Stats
+    from onceq._core.effect import PythonEffect, Reject, Retry, SqlEffect
+    from onceq._core.message import MessageSpec
+    from onceq._core.misconfig import GuardPolicy
+    from onceq._core.retry import BreakerPolicy, RetryPolicy
+    from onceq._core.transport import Delivery, Kind, Settle, decide
+    from onceq._effects.http import HttpEffect, StatusMap
+    from onceq._flows.file import load_flows
+    from onceq._flows.flow import Flow
+    from onceq._flows.runner import run, run_async
+    from onceq._ledger.sqlite import Ledger
+    from onceq._sources.amqp.plugin import RabbitSource
+    from onceq._sources.dirq.plugin import DirSource
+    from onceq._sources.memory import MemoryTransport
 
 
 def _version() -> str:

@@ -1,3 +1,3 @@
-from onceq.cli import main
+from onceq._cli import main
 
 main()

@@ -18,14 +18,14 @@
     │                                   claimed in (permissions, disk full)
     ├── Misconfigured              10   the misconfiguration guard stopped a run: its
     │                                   first messages all failed the same way
-    │                                   (onceq.core.misconfig); the rest are untouched
+    │                                   (onceq._core.misconfig); the rest are untouched
     └── AllFailed                  11   a batch finished and every message it received
                                         failed (none processed, none a duplicate)
 
 Third-party exceptions (aiormq/aio-pika, aiohttp, sqlite3, OSError) are translated into
 this tree at one boundary per library; the CLI maps the tree to exit codes and prints
 the message as one line. A message never contains a URL password: use
-`redact_url` before putting a URL in any text (onceq.core.redact: the masking rule, and
+`redact_url` before putting a URL in any text (onceq._core.redact: the masking rule, and
 the CLI's last line of defence).
 """
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-# Masking lives in onceq.core.redact; re-exported here, where every message is made.
-from onceq.core.redact import redact_text, redact_url
+# Masking lives in onceq._core.redact; re-exported here, where every message is made.
+from onceq._core.redact import redact_text, redact_url
 
 __all__ = [
     "EXIT_CODES",
@@ -85,7 +85,7 @@ class Report(Protocol):
 
 class Unroutable(OnceqError):
     exit_code = 6
-    # Set by `mq publish` (onceq.sources.amqp.publisher) when it refuses: its --json counts.
+    # Set by `mq publish` (onceq._sources.amqp.publisher) when it refuses: its --json counts.
     # Typed by what the CLI reads of it, so the tree imports nothing above it.
     report: Report
 
@@ -113,7 +113,7 @@ class QueueError(OnceqError):
 
 
 class Misconfigured(OnceqError):
-    """The guard stopped a run (onceq.core.misconfig); `stats`: what it settled first."""
+    """The guard stopped a run (onceq._core.misconfig); `stats`: what it settled first."""
 
     exit_code = 10
 

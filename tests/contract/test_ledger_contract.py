@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceq.core.effect import Reject, Retry, SqlEffect
-from onceq.core.inflight import InflightGuard
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.effect import Reject, Retry, SqlEffect
+from onceq._core.inflight import InflightGuard
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import is_pg_url, open_ledger
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.exercise.processed_table import PROCESSED_TABLE
-from onceq.ledger.sqlite import Entry
-from onceq.ledger.target import is_pg_url, open_ledger
 
 
 def success(msg_id: str, ref: str, stable: bool = True, **fields: Any) -> Entry:
@@ -703,8 +703,8 @@ def test_the_loops_precheck_answers_a_ticks_ids_together(
 def test_the_precheck_hands_the_ledgers_error_to_every_waiter(pg_url: str) -> None:
     import asyncio
 
+    from onceq._ledger.pg.precheck import Precheck
     from onceq.errors import LedgerUnavailable
-    from onceq.ledger.pg.precheck import Precheck
 
     def down(ids: Any) -> dict[str, str]:
         raise LedgerUnavailable("away")
@@ -729,10 +729,10 @@ def test_a_kill_9_mid_commit_leaves_business_and_dedup_rows_together(ledger_targ
     code = textwrap.dedent(
         f"""
         import sys
-        from onceq.core.effect import SqlEffect
-        from onceq.ledger.sqlite import Entry
-        from onceq.ledger.target import open_ledger
-        from onceq.core.transport import Delivery, Kind, Settle
+        from onceq._core.effect import SqlEffect
+        from onceq._ledger.sqlite import Entry
+        from onceq._ledger.target import open_ledger
+        from onceq._core.transport import Delivery, Kind, Settle
 
         def save(tx, doc):
             mark = "?" if type(tx).__module__.startswith("sqlite3") else "%s"
@@ -767,7 +767,7 @@ def test_a_kill_9_mid_commit_leaves_business_and_dedup_rows_together(ledger_targ
 
 
 def test_what_the_consume_loop_asks_of_every_ledger(ledger_target: str) -> None:
-    """`onceq.core.ledger_api.LedgerApi`: every kind answers each call (no probes)."""
+    """`onceq._core.ledger_api.LedgerApi`: every kind answers each call (no probes)."""
     with open_ledger(ledger_target) as ledger:
         ledger.commit([success("m1", "a.json")])
         assert ledger.ping() is True  # a healthy ledger answers

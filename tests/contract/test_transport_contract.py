@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from onceq.core.consumer import Consumer, Handler, Outcome, no_effect
-from onceq.core.transport import Delivery, Kind, Settle, Transport
-from onceq.exercise.orders_0_1_0 import MessageSpec, decode
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.dirq.files import write_atomic
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.worker import Worker
-from onceq.sources.memory import MemoryTransport
+from onceq._core.consumer import Consumer, Handler, Outcome, no_effect
+from onceq._core.transport import Delivery, Kind, Settle, Transport
+from onceq._exercise.orders_0_1_0 import MessageSpec, decode
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.dirq.files import write_atomic
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.worker import Worker
+from onceq._sources.memory import MemoryTransport
 
 
 @dataclass
@@ -184,9 +184,9 @@ async def run_dirq(tmp_path: Path, db: Path, handler: Handler) -> tuple[Any, ...
 async def run_amqp(url: str, db: Path, handler: Handler) -> tuple[Any, ...]:
     import aio_pika
 
-    from onceq.exercise import claims_0_1_0 as claim
-    from onceq.sources.amqp.topology_declare import declare
-    from onceq.sources.amqp.transport import AmqpTransport
+    from onceq._exercise import claims_0_1_0 as claim
+    from onceq._sources.amqp.topology_declare import declare
+    from onceq._sources.amqp.transport import AmqpTransport
 
     await declare(url)
     conn = await aio_pika.connect(url)

@@ -27,7 +27,7 @@ from doc_examples import REPO, blocks, strip_comment
 
 from cli_support import invoke
 from onceq import errors
-from onceq.cli import _register, app
+from onceq._cli import _register, app
 
 CODE_TABLE = {*errors.EXIT_CODES.values(), 0, 1, 130, 143}
 DOC_FILES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]

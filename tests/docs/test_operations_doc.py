@@ -1,6 +1,6 @@
 """docs/operations.md says what the code does: its alert rules are a valid Prometheus
 rules file, every metric it names is one onceq registers (with the labels' values the
-code gives), and its event table is onceq.core.logs.EVENTS word for word.
+code gives), and its event table is onceq._core.logs.EVENTS word for word.
 
 PyYAML is not a dependency of onceq (nor is it installed here), so the rules block is
 read by a strict parser of the YAML subset a rules file needs (block mappings and
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from doc_examples import REPO, blocks
 
-from onceq.core.logs import EVENTS
-from onceq.core.stats import OUTCOMES
-from onceq.ops.metrics import new_registry
+from onceq._core.logs import EVENTS
+from onceq._core.stats import OUTCOMES
+from onceq._ops.metrics import new_registry
 
 DOC = "docs/operations.md"
 TEXT = (REPO / DOC).read_text()
@@ -222,7 +222,7 @@ def _row(metric: str) -> str:
 
 
 def test_the_documented_label_values_are_the_code_s() -> None:
-    from onceq.sources.dirq.scan import DIRQ_STATES
+    from onceq._sources.dirq.scan import DIRQ_STATES
 
     outcomes = _row("onceq_messages_total")
     assert {w for w in OUTCOMES.values() if f"`{w}`" not in outcomes} == set()

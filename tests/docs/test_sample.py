@@ -83,7 +83,7 @@ def test_a_failure_half_way_undoes_the_copy(tmp_path: Path, monkeypatch) -> None
     replaced, and what this call wrote before it is removed again."""
     import pytest
 
-    import onceq.exercise.sample as sample
+    import onceq._exercise.sample as sample
     from onceq.errors import Conflict
 
     claims = tmp_path / "fx" / "claims"

@@ -2,7 +2,7 @@
 
 README "Exit codes": a consumer that runs until stopped (`onceq run FILE`, `mq consume`)
 exits 0 when SIGTERM/SIGINT stops it; a batch (`--until-empty`, `dirq consume`) exits
-130/143 when stopped before it finished. Before onceq.core.early a signal that came while
+130/143 when stopped before it finished. Before onceq._core.early a signal that came while
 the command imported, loaded its flows, bound its port or connected died of the
 signal's default action (143 from a shell) whatever the rule said.
 

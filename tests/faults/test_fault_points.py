@@ -1,4 +1,4 @@
-"""A real consumer killed at each fault-injection point (onceq.core.faults), then a second run.
+"""A real consumer killed at each fault-injection point (onceq._core.faults), then a second run.
 
 A kill from outside lands in the commit → settle window only by chance; here the
 consumer SIGKILLs itself at the named point (ONCEQ_FAULT, ONCEQ_FAULT_AFTER), so each
@@ -109,7 +109,7 @@ def test_an_unknown_fault_point_is_refused_before_anything_runs(tmp_path: Path) 
 def test_unset_fault_points_cost_one_empty_call() -> None:
     """With ONCEQ_FAULT unset the hot loops call a function that does nothing."""
     code = (
-        "import onceq.core.faults as f, json; "
+        "import onceq._core.faults as f, json; "
         "print(json.dumps([f.hit.__name__, f._POINT, f.hit('after-claim')]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEQ_FAULT")}
@@ -185,7 +185,7 @@ def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Pa
     """The id that tells a recovered copy from a re-sent one: one per publish, even for
     two files with the same guid."""
     from mq_support import get_all
-    from onceq.sources.amqp.transport import COPY_HEADER
+    from onceq._sources.amqp.transport import COPY_HEADER
 
     topology(amqp_url)
     publish(amqp_url, *write_claims(tmp_path / "c", [claim_doc("same"), claim_doc("same")]))

@@ -6,7 +6,7 @@ back at once, as behind a pooler that recycles them). A session terminated insid
 in-flight guard's pipeline made psycopg print its own second error,
 `error ignored terminating <psycopg.AsyncPipeline [BAD] at 0x…>`, on stderr;
 onceq reports the lost connection itself (`guard-lost`, `ledger-lost`), so that line
-is dropped (onceq.core.logs.LIBRARY_NOISE). Every claim is still recorded and called once.
+is dropped (onceq._core.logs.LIBRARY_NOISE). Every claim is still recorded and called once.
 """
 
 from __future__ import annotations

@@ -32,12 +32,12 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import asyncio, sys
-from onceq.core.consumer import Consumer, Outcome, no_effect
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.worker import Worker
-from onceq.core.effect import Reject, SqlEffect
-from onceq.ledger.sqlite import Ledger
-from onceq.core.transport import Kind
+from onceq._core.consumer import Consumer, Outcome, no_effect
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.worker import Worker
+from onceq._core.effect import Reject, SqlEffect
+from onceq._ledger.sqlite import Ledger
+from onceq._core.transport import Kind
 import json
 
 SETUP = "CREATE TABLE IF NOT EXISTS invoices (id TEXT, customer TEXT, total REAL)"

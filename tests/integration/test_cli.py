@@ -14,7 +14,7 @@ import click
 import pytest
 
 from cli_support import invoke
-from onceq.cli import _register, app
+from onceq._cli import _register, app
 
 
 def _commands() -> list[tuple[str, ...]]:

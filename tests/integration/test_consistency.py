@@ -159,7 +159,7 @@ def test_the_exercise_consumer_py_exits_0_on_a_stop_signal(
     amqp_url: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     """The exercise's own command (python3 consumer.py, the venv not activated)."""
-    from onceq.exercise.lab.mq import write_layout
+    from onceq._exercise.lab.mq import write_layout
 
     d = write_layout(tmp_path)
     topology(amqp_url)
@@ -300,7 +300,7 @@ def test_mq_status_prints_the_watermark_as_text(amqp_url: str) -> None:
     ],
 )  # fmt: skip
 def test_memory_line_never_prints_python_reprs(mem: dict, line: str) -> None:
-    from onceq.cli.mq_status import memory_line
+    from onceq._cli.mq_status import memory_line
 
     assert memory_line(mem) == line
 

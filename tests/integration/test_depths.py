@@ -1,4 +1,4 @@
-"""onceq.sources.amqp.depths against the real broker: every figure checked against the broker's
+"""onceq._sources.amqp.depths against the real broker: every figure checked against the broker's
 own count (rabbitmqctl list_queues, read by the test), with messages held unacked by a
 consumer of the test's own.
 
@@ -21,8 +21,8 @@ import pytest
 
 from depth_support import Holder, truth
 from mq_support import cli, ctl, vhost, wait_for
+from onceq._sources.amqp.depths import DepthCache, QueueDepth, management_api, read_depths
 from onceq.errors import BrokerUnavailable
-from onceq.sources.amqp.depths import DepthCache, QueueDepth, management_api, read_depths
 from support import free_port, http_server
 
 pytestmark = pytest.mark.broker

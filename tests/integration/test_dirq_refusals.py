@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from cli_support import invoke, sample_queue
-from onceq.exercise.processed_table import PROCESSED_TABLE
-from onceq.ledger.sqlite import Ledger
+from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.sqlite import Ledger
 from support import open_db, run_cli, snapshot
 
 # The seed's own tutorial ledger (and an older onceq's): `processed` without the

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from dirq_retry_support import files, make_queue
-from onceq.core.transport import Delivery, Settle
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.worker import LOCK, Worker
+from onceq._core.transport import Delivery, Settle
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.worker import LOCK, Worker
 
 
 async def _next(it, timeout: float = 5.0) -> Delivery:  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ and `onceq run`, in-process (support.in_process: stdout, stderr and the log line
 
 A token is letters and digits, which JSON, repr and percent-encoding leave as they
 are: a token absent from the output is absent in every escaped shape too
-(onceq.core.redact.secret_shapes). A mistyped header is refused (exit 2) with one line that
+(onceq._core.redact.secret_shapes). A mistyped header is refused (exit 2) with one line that
 names the option (or the flow file's key), and changes nothing in the queue's folder.
 """
 
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cli_support import invoke
-from onceq.core.redact import forget_all
+from onceq._core.redact import forget_all
 from support import in_process, snapshot
 
 TOKEN = st.from_regex(r"[a-z]{2}[0-9]{3}[A-Z]{3}", fullmatch=True)

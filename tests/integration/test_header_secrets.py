@@ -128,8 +128,8 @@ def test_a_traceback_that_quotes_a_header_value_is_masked(
 ) -> None:
     """The last line of defence: a bug whose exception quotes the token (the whole
     value, or the token alone) is printed through the masking streams."""
-    from onceq.cli.flow_options import header_pairs
-    from onceq.core.redact import forget_all, guarded_stdio
+    from onceq._cli.flow_options import header_pairs
+    from onceq._core.redact import forget_all, guarded_stdio
 
     try:
         header_pairs((f"Authorization: Bearer {TOKEN}",))

@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 
 from mq_support import partner
-from onceq.core.message import MessageSpec
-from onceq.core.transport import Delivery, Kind
-from onceq.effects.http import HttpEffect, StatusMap
-from onceq.exercise.presets import CLAIMS, claims_http
+from onceq._core.message import MessageSpec
+from onceq._core.transport import Delivery, Kind
+from onceq._effects.http import HttpEffect, StatusMap
+from onceq._exercise.presets import CLAIMS, claims_http
 from support import free_port
 
 INVOICE = MessageSpec(id_field="invoiceId")

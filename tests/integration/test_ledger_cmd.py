@@ -16,8 +16,8 @@ import pytest
 
 from cli_support import invoke
 from mq_support import wait_for
-from onceq.ledger.retention import TABLE_NAMES, stats
-from onceq.ledger.target import is_pg_url, open_ledger
+from onceq._ledger.retention import TABLE_NAMES, stats
+from onceq._ledger.target import is_pg_url, open_ledger
 from pg_support import create_database, drop_database
 from retention_support import OLD, backdate, fill, newest_rows_are_new, ok, rows
 from support import run_cli

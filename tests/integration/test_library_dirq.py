@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from onceq import Consumer, Kind, Ledger
-from onceq.core.consumer import Outcome
-from onceq.exercise.orders_0_1_0 import MessageSpec, decode
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.worker import Worker
+from onceq._core.consumer import Outcome
+from onceq._exercise.orders_0_1_0 import MessageSpec, decode
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.worker import Worker
 from support import open_db
 
 

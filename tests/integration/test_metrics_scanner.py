@@ -1,4 +1,4 @@
-"""The directory queue's metrics scan runs in a child process (onceq.sources.dirq.scanner).
+"""The directory queue's metrics scan runs in a child process (onceq._sources.dirq.scanner).
 
 What must hold: the figures are the folder's, the child never outlives its consumer
 (a clean stop or a SIGKILL of the consumer ends it), and a dead child costs nothing
@@ -21,7 +21,7 @@ from metrics_support import Scrape, answers
 from mq_support import wait_for
 from support import free_port
 
-EVERY_S = 5.0  # onceq.sources.dirq.scan.EVERY_S
+EVERY_S = 5.0  # onceq._sources.dirq.scan.EVERY_S
 
 
 def _children(pid: int) -> list[int]:
@@ -38,7 +38,7 @@ def _scanner_of(pid: int) -> int:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
-        if b"onceq.sources.dirq.scanner" in cmd:
+        if b"onceq._sources.dirq.scanner" in cmd:
             return child
     raise AssertionError(f"no scanner child of {pid}: {_children(pid)}")
 

@@ -32,8 +32,8 @@ from mq_support import (
     wait_for,
     write_claims,
 )
-from onceq.sources.amqp.copy_cause import CAUSES, Failure, words
-from onceq.sources.amqp.retry import publish_copy
+from onceq._sources.amqp.copy_cause import CAUSES, Failure, words
+from onceq._sources.amqp.retry import publish_copy
 
 FIX = "onceq mq topology --queue claim.in"
 

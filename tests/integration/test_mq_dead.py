@@ -74,7 +74,7 @@ def calls(stub: Partner, guid: str) -> int:
 
 
 def failed_attempts(db: Path, msg_id: str) -> int:
-    from onceq.ledger.sqlite import Ledger
+    from onceq._ledger.sqlite import Ledger
 
     with Ledger(db, "amqp", create=False) as ledger:
         return ledger.failed_attempts(msg_id)

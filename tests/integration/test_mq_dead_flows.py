@@ -108,7 +108,7 @@ def test_flow_file_mistakes_are_refused(amqp_url: str, tmp_path: Path) -> None:
 def test_header_values_are_never_shown(amqp_url: str, tmp_path: Path) -> None:
     topology(amqp_url)
     db = tmp_path / "processed.db"
-    from onceq.ledger.sqlite import Ledger
+    from onceq._ledger.sqlite import Ledger
 
     Ledger(db, "amqp").close()  # the consumer's ledger, empty
     secret = "Bearer s3cret-t0ken-value"
@@ -121,7 +121,7 @@ def test_header_values_are_never_shown(amqp_url: str, tmp_path: Path) -> None:
 
 
 def test_an_unreachable_broker_is_exit_7_and_changes_nothing(tmp_path: Path) -> None:
-    from onceq.ledger.sqlite import Ledger
+    from onceq._ledger.sqlite import Ledger
 
     db = tmp_path / "processed.db"
     Ledger(db, "amqp").close()

@@ -277,11 +277,11 @@ def test_until_empty_drains_the_flows_own_queue(amqp_url: str, tmp_path: Path) -
     """The transport's drain check asks the queue it consumes, not claim.in: with a
     claims queue holding messages beside it, the invoice batch still ends, and leaves
     claim.in alone."""
-    from onceq.core.consumer import Consumer, Outcome
-    from onceq.core.transport import Delivery, Kind
-    from onceq.exercise import claims_0_1_0 as claim
-    from onceq.ledger.sqlite import Ledger
-    from onceq.sources.amqp.transport import AmqpTransport
+    from onceq._core.consumer import Consumer, Outcome
+    from onceq._core.transport import Delivery, Kind
+    from onceq._exercise import claims_0_1_0 as claim
+    from onceq._ledger.sqlite import Ledger
+    from onceq._sources.amqp.transport import AmqpTransport
 
     declare_invoice(amqp_url)
     assert cli(amqp_url, "mq", "topology").returncode == 0
@@ -317,8 +317,8 @@ def test_until_empty_drains_the_flows_own_queue(amqp_url: str, tmp_path: Path) -
 
 
 def test_the_consumer_names_the_missing_queue(amqp_url: str) -> None:
+    from onceq._sources.amqp.transport import AmqpTransport
     from onceq.errors import NotFound
-    from onceq.sources.amqp.transport import AmqpTransport
 
     async def go() -> None:
         t = AmqpTransport(amqp_url, queue="invoice.in")

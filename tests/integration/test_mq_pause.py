@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from mq_support import cli, consumers, queues
-from onceq.core.transport import Delivery, Settle
-from onceq.sources.amqp.transport import AmqpTransport
+from onceq._core.transport import Delivery, Settle
+from onceq._sources.amqp.transport import AmqpTransport
 
 pytestmark = pytest.mark.broker
 

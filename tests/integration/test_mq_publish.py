@@ -216,7 +216,7 @@ def test_published_and_nacked_copies_of_shared_ids_are_counted_per_file(
 
 
 def test_the_line_names_returns_and_nacks_apart() -> None:
-    from onceq.sources.amqp.publisher import PublishReport
+    from onceq._sources.amqp.publisher import PublishReport
 
     report = PublishReport(published=1, unroutable=["x.json", "y.json"], nacked=["z.json"])
     line = report.problem(4, "exchange e", "k")

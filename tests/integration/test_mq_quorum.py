@@ -30,7 +30,7 @@ from mq_support import (
     wait_for,
     write_claims,
 )
-from onceq.sources.amqp.topology_types import DELIVERY_LIMIT
+from onceq._sources.amqp.topology_types import DELIVERY_LIMIT
 
 pytestmark = pytest.mark.broker
 
@@ -256,7 +256,7 @@ def test_a_call_longer_than_the_brokers_consumer_timeout_is_warned_once(
 
 
 def test_the_consumer_timeout_check_reads_the_real_broker(amqp_url: str) -> None:
-    from onceq.sources.amqp.preflight import check_consumer_timeout
+    from onceq._sources.amqp.preflight import check_consumer_timeout
 
     assert asyncio.run(check_consumer_timeout(amqp_url, "claim.in", 10.0, None)) == ""
     warned = asyncio.run(check_consumer_timeout(amqp_url, "claim.in", 7200.0, None))
@@ -267,7 +267,7 @@ def test_without_rabbitmqctl_the_check_says_nothing_but_one_debug_line(
     amqp_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The same broker, the same 2 h call, but no way to read the setting: no warning."""
-    from onceq.sources.amqp import preflight
+    from onceq._sources.amqp import preflight
 
     monkeypatch.setattr(preflight.shutil, "which", lambda _name: None)
     caplog.set_level(logging.DEBUG, logger="onceq.amqp.preflight")

@@ -32,9 +32,9 @@ from mq_support import (
     wait_for,
     write_claims,
 )
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.transport import Delivery, Kind
-from onceq.ledger.sqlite import Ledger
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.transport import Delivery, Kind
+from onceq._ledger.sqlite import Ledger
 
 
 def test_the_sample_is_drained_retries_included_and_the_batch_exits_0(
@@ -157,8 +157,8 @@ def test_a_drain_check_meeting_deliveries_in_flight_never_ends_early(
     first copy of each message reaches the client and is held back, as if still in
     flight. A ready count alone says 0 and would end the batch with every message
     unhandled; the run must handle each (a transient failure, its retry, success)."""
-    from onceq.exercise import claims_0_1_0 as claim
-    from onceq.sources.amqp.transport import AmqpTransport
+    from onceq._exercise import claims_0_1_0 as claim
+    from onceq._sources.amqp.transport import AmqpTransport
 
     class InFlight(AmqpTransport):
         def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""A partner stub's outage modes, on a real stub process (onceq.exercise.partner.outage).
+"""A partner stub's outage modes, on a real stub process (onceq._exercise.partner.outage).
 
 refuse: connections refused on the port for the window, then it listens again on the
 same port; 503: every call answered 503 (+ Retry-After), counted apart from the rule

@@ -1,6 +1,6 @@
 """The order check's default query gives the same rows on PostgreSQL as on SQLite.
 
-`onceq.sources.dirq.order.pg_sql` translates the SQLite query (group_concat, unnamed FROM
+`onceq._sources.dirq.order.pg_sql` translates the SQLite query (group_concat, unnamed FROM
 subqueries, NULLs first, byte order). Generated ledgers — groups with repeated,
 missing, below-start and absent sequence numbers, NULL groups, ids whose order
 differs between byte order and a locale — are written to both databases and the two
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceq.sources.dirq.order import flow_sql, pg_sql
+from onceq._sources.dirq.order import flow_sql, pg_sql
 from pg_support import temp_database
 
 pytestmark = pytest.mark.pg
@@ -90,7 +90,7 @@ def test_an_order_with_every_kind_of_problem(pg: psycopg.Connection) -> None:
 
 def test_the_translation_leaves_a_users_query_alone(tmp_path: Path) -> None:
     """Only the default query is translated: pg_sql is not applied to --sql files."""
-    from onceq.sources.dirq.order import run_check
+    from onceq._sources.dirq.order import run_check
 
     class Book:
         flow, kind = "f", "postgresql"

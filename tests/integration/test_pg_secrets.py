@@ -43,7 +43,7 @@ Case = tuple[str, str, list[str]]  # url with ${PW} in place of the password, pa
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A queue folder to name, and a database of the module's own (dropped after)."""
-    from onceq.sources.dirq.queue import DirQueue
+    from onceq._sources.dirq.queue import DirQueue
 
     tmp = tmp_path_factory.mktemp("pgsecrets")
     DirQueue(tmp / "q").init(SAMPLE)

@@ -42,7 +42,7 @@ BAD = [
 @pytest.fixture(scope="module")
 def queue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory queue with the sample in its inbox and one file in error/."""
-    from onceq.sources.dirq.queue import DirQueue
+    from onceq._sources.dirq.queue import DirQueue
 
     q = tmp_path_factory.mktemp("wiring") / "q"
     DirQueue(q).init(SAMPLE)
@@ -134,7 +134,7 @@ def test_check_names_a_pg_ledger_without_its_password(tmp_path: Path) -> None:
 
 
 def test_a_flow_files_url_ledger_is_kept_a_url() -> None:
-    from onceq.flows.file import load_flows
+    from onceq._flows.file import load_flows
 
     here = Path(__file__).parent
     f = here / "flows-pg.toml"
@@ -158,7 +158,7 @@ def test_onceq_run_refuses_a_mistyped_url_before_touching_a_source(tmp_path: Pat
 
 
 def test_a_url_stays_a_str_and_a_path_a_path() -> None:
-    from onceq.ledger.target import as_target
+    from onceq._ledger.target import as_target
 
     url = "postgresql://u:p@h:5432/d"
     assert as_target(url) == url and isinstance(as_target(url), str)

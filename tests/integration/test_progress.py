@@ -124,7 +124,7 @@ def test_the_rate_survives_an_80_column_terminal() -> None:
     a five-digit count and a long queue path do not push the rate off the line."""
     import io
 
-    from onceq.cli.progress import StatusLine
+    from onceq._cli.progress import StatusLine
 
     line = StatusLine("/srv/" + "a-long-folder/" * 8 + "q", "quarantined", io.StringIO())
     line.stats.received = line.stats.processed = 11264

@@ -27,7 +27,7 @@ import pytest
 
 from cli_support import invoke
 from mq_support import partner, wait_for
-from onceq.ledger.target import open_ledger
+from onceq._ledger.target import open_ledger
 from retention_support import backdate, ok
 
 pytestmark = pytest.mark.slow

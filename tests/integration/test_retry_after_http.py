@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from onceq.core.consumer import Consumer
-from onceq.core.message import MessageSpec
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.effects.http import RETRY_AFTER_CAP, HttpEffect
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.memory import MemoryTransport
+from onceq._core.consumer import Consumer
+from onceq._core.message import MessageSpec
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._effects.http import RETRY_AFTER_CAP, HttpEffect
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.memory import MemoryTransport
 
 SPEC = MessageSpec(id_field="id")
 

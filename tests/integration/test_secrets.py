@@ -279,8 +279,8 @@ def test_a_broker_url_without_its_at_never_shows_the_password(
 @given(case=without_at(CLAIM_SCHEMES))
 @example(case=("http://bob:pw12XYZ", "pw12XYZ", ["pw12XYZ"]))
 def test_a_claim_url_without_its_at_never_shows_the_password(case: Case) -> None:
+    from onceq._exercise.claims_0_1_0 import check_claim_url
     from onceq.errors import UsageError
-    from onceq.exercise.claims_0_1_0 import check_claim_url
 
     url, password, tokens = case
     with pytest.raises(UsageError) as refused:

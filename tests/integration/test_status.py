@@ -26,7 +26,7 @@ import pytest
 
 from cli_support import invoke
 from mq_support import claim_doc, cli, ctl, partner, vhost, wait_for, write_claims
-from onceq.ledger.target import is_pg_url
+from onceq._ledger.target import is_pg_url
 from support import snapshot
 
 

@@ -1,4 +1,4 @@
-"""The breaker's state machine (onceq.core.breaker) on an injected clock: every transition."""
+"""The breaker's state machine (onceq._core.breaker) on an injected clock: every transition."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from onceq.core.breaker import Breaker
-from onceq.core.consumer import Outcome
-from onceq.core.retry import BreakerPolicy
-from onceq.core.transport import Kind
+from onceq._core.breaker import Breaker
+from onceq._core.consumer import Outcome
+from onceq._core.retry import BreakerPolicy
+from onceq._core.transport import Kind
 
 FAIL = Outcome(Kind.TRANSIENT, "connect-error")
 OK = Outcome(Kind.SUCCESS)

@@ -8,8 +8,8 @@ import sys
 import click
 import pytest
 
-from onceq.cli import COMMANDS, app
-from onceq.cli.lazy import LazyGroup
+from onceq._cli import COMMANDS, app
+from onceq._cli.lazy import LazyGroup
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -28,7 +28,7 @@ def test_each_kept_sentence_is_the_one_its_command_help_starts_with(name: str) -
 
 def test_help_imports_no_command_and_neither_asyncio_nor_sqlite() -> None:
     code = (
-        "import sys\nfrom onceq.cli import main\ntry:\n    main(['--help'])\n"
+        "import sys\nfrom onceq._cli import main\ntry:\n    main(['--help'])\n"
         "except SystemExit:\n    pass\n"
         "print(' '.join(sys.modules))"
     )
@@ -40,21 +40,21 @@ def test_help_imports_no_command_and_neither_asyncio_nor_sqlite() -> None:
 
 
 def test_a_mistyped_command_is_still_matched_against_every_name() -> None:
-    group = LazyGroup("g", lazy={"dirq": ("onceq.cli.dirq", "dirq", "A queue.")})
+    group = LazyGroup("g", lazy={"dirq": ("onceq._cli.dirq", "dirq", "A queue.")})
     with pytest.raises(click.exceptions.NoSuchCommand) as info:
         group.resolve_command(click.Context(group), ["dirk"])
     assert info.value.possibilities == ["dirq"]
 
 
 def _dirq_lazy() -> dict[str, tuple[str, str, str]]:
-    from onceq.cli.dirq import LAZY
+    from onceq._cli.dirq import LAZY
 
     return LAZY
 
 
 @pytest.mark.parametrize("name", sorted(_dirq_lazy()))
 def test_each_lazy_dirq_command_keeps_its_help_sentence(name: str) -> None:
-    from onceq.cli.dirq import dirq
+    from onceq._cli.dirq import dirq
 
     module, attribute, summary = _dirq_lazy()[name]
     assert isinstance(dirq, LazyGroup)
@@ -67,8 +67,8 @@ def test_each_lazy_dirq_command_keeps_its_help_sentence(name: str) -> None:
 
 
 def test_dirq_lag_imports_neither_the_runner_nor_asyncio_sqlite_or_rich() -> None:
-    code = "import sys\nimport onceq.cli.dirq\nprint(' '.join(sys.modules))"
+    code = "import sys\nimport onceq._cli.dirq\nprint(' '.join(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert "onceq.cli.dirq_consume" not in loaded
+    assert "onceq._cli.dirq_consume" not in loaded
     assert loaded & {"asyncio", "sqlite3", "aio_pika", "aiormq", "rich", "psycopg"} == set()

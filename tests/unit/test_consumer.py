@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry, Ledger
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerError
-from onceq.ledger.sqlite import Entry, Ledger
-from onceq.sources.memory import MemoryTransport
 
 
 def decode(d: Delivery) -> Outcome:
@@ -235,8 +235,8 @@ def test_no_new_call_starts_after_a_stop(tmp_path: Path) -> None:
 
 def test_partner_duplicates_are_done_and_counted_apart() -> None:
     """A success the partner already had (409) is done, not 'processed', nor a failure."""
-    from onceq.cli.output import run_summary
-    from onceq.core.consumer import Stats
+    from onceq._cli.output import run_summary
+    from onceq._core.consumer import Stats
 
     def entry(kind: Kind, settle: Settle, **fields: object) -> Entry:
         return Entry(Delivery(b"", "r"), kind, settle, "http-422", fields=dict(fields))

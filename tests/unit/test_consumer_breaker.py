@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from onceq.core.consumer import Consumer, Outcome, no_effect
-from onceq.core.retry import BreakerPolicy, RetryPolicy
-from onceq.core.transport import Delivery, Kind
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.memory import MemoryTransport
+from onceq._core.consumer import Consumer, Outcome, no_effect
+from onceq._core.retry import BreakerPolicy, RetryPolicy
+from onceq._core.transport import Delivery, Kind
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.memory import MemoryTransport
 from support import open_db
 
 

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Delivery, Kind
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.memory import MemoryTransport
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Delivery, Kind
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.memory import MemoryTransport
 
 
 def decode(d: Delivery) -> Outcome:

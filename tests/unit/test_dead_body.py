@@ -1,4 +1,4 @@
-"""A corrected body's checks (onceq.sources.amqp.dead_body), without a broker: the file as
+"""A corrected body's checks (onceq._sources.amqp.dead_body), without a broker: the file as
 `mq publish` reads it, its id field holding the dead letter's id; and a body shown as
 text, its bytes that are not UTF-8 escaped."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from onceq._sources.amqp.dead_body import NewBody, load_body, shown_body
 from onceq.errors import BadMessage, NotFound, UsageError
-from onceq.sources.amqp.dead_body import NewBody, load_body, shown_body
 
 
 def test_a_body_holding_the_id_is_taken_byte_for_byte(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""onceq.sources.amqp.dead_letter: selection rules, --since, x-death reading, a replayed copy's
+"""onceq._sources.amqp.dead_letter: selection rules, --since, x-death reading, a replayed copy's
 properties. Pure functions; the broker side is tests/integration/test_mq_dead.py."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pamqp.commands import Basic
 
-from onceq.errors import UsageError
-from onceq.sources.amqp.dead_letter import (
+from onceq._sources.amqp.dead_letter import (
     UNKNOWN,
     DeadLetter,
     Death,
@@ -24,6 +23,7 @@ from onceq.sources.amqp.dead_letter import (
     replay_properties,
     republish_problem,
 )
+from onceq.errors import UsageError
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.core.transport import Kind, Settle, decide
+from onceq._core.transport import Kind, Settle, decide
 
 
 @pytest.mark.parametrize(

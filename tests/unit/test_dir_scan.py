@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.scan import DirScan
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.scan import DirScan
 
 
 def _queue(tmp_path: Path, n: int) -> Path:

@@ -7,10 +7,10 @@ import sqlite3
 
 import pytest
 
-from onceq.core.transport import Delivery, Kind
-from onceq.exercise.orders_0_1_0 import MessageSpec, decode
-from onceq.sources.dirq.order import DEFAULT_SQL, render
-from onceq.sources.dirq.schema import infer, json_type, merge_types
+from onceq._core.transport import Delivery, Kind
+from onceq._exercise.orders_0_1_0 import MessageSpec, decode
+from onceq._sources.dirq.order import DEFAULT_SQL, render
+from onceq._sources.dirq.schema import infer, json_type, merge_types
 
 GOOD = {"msg_id": "m-1", "order_no": "A-1", "seq": 1, "amount": 10}
 

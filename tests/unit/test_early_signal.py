@@ -1,4 +1,4 @@
-"""onceq.core.early: the consume commands take a stop signal from onceq's first line.
+"""onceq._core.early: the consume commands take a stop signal from onceq's first line.
 
 The process tests (tests/faults/test_early_stop.py) send the signal from the moment
 the process catches SIGTERM; these show that moment is onceq's first line (before
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from onceq.core.early import command_consumes
+from onceq._core.early import command_consumes
 
 PROBE = (
     "import sys; sys.argv = {argv!r}\n"
@@ -62,8 +62,8 @@ def test_a_signal_before_the_loop_stops_the_run_once_it_starts() -> None:
     """The Stop that starts later replays a kept signal: a clean stop, not a second one."""
     code = (
         "import asyncio, os, signal\n"
-        "from onceq.core import early\n"
-        "from onceq.core.stop import Stop\n"
+        "from onceq._core import early\n"
+        "from onceq._core.stop import Stop\n"
         "early.catch()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "async def main():\n"

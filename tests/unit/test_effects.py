@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from onceq.core.effect import PythonEffect, Reject, Retry, load_callable
-from onceq.core.transport import Delivery, Kind
-from onceq.effects.http import HttpEffect, StatusMap
+from onceq._core.effect import PythonEffect, Reject, Retry, load_callable
+from onceq._core.transport import Delivery, Kind
+from onceq._effects.http import HttpEffect, StatusMap
+from onceq._exercise.presets import claims_http
 from onceq.errors import UsageError
-from onceq.exercise.presets import claims_http
 
 # --- StatusMap -------------------------------------------------------------------------
 

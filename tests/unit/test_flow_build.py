@@ -1,5 +1,5 @@
-"""One builder for a flow file's table and the command line's flags (onceq.flows.build):
-the flags become the file's keys through one table (onceq.cli.flow_flags), so a mistake
+"""One builder for a flow file's table and the command line's flags (onceq._flows.build):
+the flags become the file's keys through one table (onceq._cli.flow_flags), so a mistake
 is found once and reads the same either way, named by flag or by key and line."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from onceq.cli.flow_flags import FLAGS, FlagMistakes, own_flow
-from onceq.core.retry import BreakerPolicy, RetryPolicy
+from onceq._cli.flow_flags import FLAGS, FlagMistakes, own_flow
+from onceq._core.retry import BreakerPolicy, RetryPolicy
+from onceq._flows.file import FlowFileError, load_flows
+from onceq._flows.file_keys import HTTP_KEYS, flow_keys
+from onceq._flows.file_retry import BREAKER_KEYS, GUARD_KEYS, RETRY_KEYS
+from onceq._sources import registry
+from onceq._sources.dirq.plugin import DirSource
 from onceq.errors import UsageError
-from onceq.flows.file import FlowFileError, load_flows
-from onceq.flows.file_keys import HTTP_KEYS, flow_keys
-from onceq.flows.file_retry import BREAKER_KEYS, GUARD_KEYS, RETRY_KEYS
-from onceq.sources import registry
-from onceq.sources.dirq.plugin import DirSource
 
 HEAD = 'ledger = "l.db"\n[flows.inv]\nsource = "dirq"\npath = "q"\nid_field = "id"\n'
 HTTP = '[flows.inv.http]\nurl = "http://127.0.0.1:9/api"\n'

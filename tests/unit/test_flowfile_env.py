@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onceq.flows.file import FlowFileError, load_flows
+from onceq._flows.file import FlowFileError, load_flows
 from pg_cli import in_process
 
 UNSET = "ONCEQ_TEST_UNSET_VAR"

@@ -1,4 +1,4 @@
-"""A flow file's retry and breaker keys (onceq.flows.file_retry): good values become the
+"""A flow file's retry and breaker keys (onceq._flows.file_retry): good values become the
 flow's RetryPolicy/BreakerPolicy; each mistake is one `FILE: line N: key: why` line,
 all of them collected; `onceq check` shows the policies each flow runs with."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cli_support import invoke
-from onceq.core.retry import BreakerPolicy, RetryPolicy
-from onceq.flows.file import FlowFileError, load_flows
+from onceq._core.retry import BreakerPolicy, RetryPolicy
+from onceq._flows.file import FlowFileError, load_flows
 
 HEAD = """\
 ledger = "ledger.db"

@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceq.ledger.db import connect
-from onceq.ledger.target import is_pg_url, open_ledger
-from onceq.ops.heartbeat import Heartbeat
+from onceq._ledger.db import connect
+from onceq._ledger.target import is_pg_url, open_ledger
+from onceq._ops.heartbeat import Heartbeat
 from support import open_db
 
 

@@ -23,17 +23,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceq.core.consumer import Consumer, Outcome, no_effect
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.consumer import Consumer, Outcome, no_effect
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._exercise import claims_0_1_0 as amqp
+from onceq._exercise import orders_0_1_0 as dirq
+from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.sqlite import Entry, Ledger
+from onceq._sources.dirq.files import write_atomic
+from onceq._sources.dirq.queue import DirQueue
+from onceq._sources.dirq.worker import Worker
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerError
-from onceq.exercise import claims_0_1_0 as amqp
-from onceq.exercise import orders_0_1_0 as dirq
-from onceq.exercise.processed_table import PROCESSED_TABLE
-from onceq.ledger.sqlite import Entry, Ledger
-from onceq.sources.dirq.files import write_atomic
-from onceq.sources.dirq.queue import DirQueue
-from onceq.sources.dirq.worker import Worker
-from onceq.sources.memory import MemoryTransport
 
 HUGE = "9" * 5000  # over Python's 4300-digit int conversion limit
 OVER_64 = "18446744073709551616"  # 2**64
@@ -246,7 +246,7 @@ def test_one_unstorable_row_is_refused_alone_and_the_group_commits(
 ) -> None:
     """Both paths: the check before the commit, and (check disabled) the entry-by-entry retry."""
     if check == "unchecked":
-        monkeypatch.setattr("onceq.ledger.rows.unstorable", lambda value: None)
+        monkeypatch.setattr("onceq._ledger.rows.unstorable", lambda value: None)
     group = [entry("m-1", "a.json"), entry("m-2", "b.json", **bad), entry("m-3", "c.json")]
     with Ledger(tmp_path / "l.db", sql=PROCESSED_TABLE) as ledger:
         ledger.commit(group)

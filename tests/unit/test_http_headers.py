@@ -14,14 +14,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.redact import forget_all, redact_text
-from onceq.core.transport import Delivery, Kind
-from onceq.effects.http import HttpEffect
-from onceq.effects.http_headers import parse_header_arg, request_headers
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.redact import forget_all, redact_text
+from onceq._core.transport import Delivery, Kind
+from onceq._effects.http import HttpEffect
+from onceq._effects.http_headers import parse_header_arg, request_headers
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import UsageError
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.memory import MemoryTransport
 
 SECRET = "abcSecret1"
 
@@ -177,7 +177,7 @@ def test_a_bug_in_a_handler_is_one_line_and_stays_a_transient_internal_error(
 
 
 def test_a_flow_file_names_the_key_of_each_header_mistake_once(tmp_path: Path) -> None:
-    from onceq.flows.file import FlowFileError, load_flows
+    from onceq._flows.file import FlowFileError, load_flows
 
     flows = tmp_path / "flows.toml"
     flows.write_text(

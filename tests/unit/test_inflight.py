@@ -1,4 +1,4 @@
-"""The in-flight guards themselves (onceq.core.inflight, onceq.ledger.pg.guard), on real locks.
+"""The in-flight guards themselves (onceq._core.inflight, onceq._ledger.pg.guard), on real locks.
 
 Both kinds: a second holder waits until the first releases; a process killed with
 SIGKILL while holding a lease does not block the msg_id (the server / the kernel drops
@@ -24,9 +24,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from onceq.core.inflight import FileGuard, InflightGuard, guard_for, lock_offset
-from onceq.ledger.pg.guard import PgGuard
-from onceq.ledger.target import open_ledger
+from onceq._core.inflight import FileGuard, InflightGuard, guard_for, lock_offset
+from onceq._ledger.pg.guard import PgGuard
+from onceq._ledger.target import open_ledger
 
 Make = Callable[[], InflightGuard]
 
@@ -88,8 +88,8 @@ def test_flows_do_not_share_leases(tmp_path: Path, pg_url: str) -> None:
 
 HOLDER = """
 import asyncio, sys
-from onceq.core.inflight import FileGuard
-from onceq.ledger.pg.guard import PgGuard
+from onceq._core.inflight import FileGuard
+from onceq._ledger.pg.guard import PgGuard
 from pathlib import Path
 kind, where = sys.argv[1], sys.argv[2]
 async def main():
@@ -306,7 +306,7 @@ def test_a_server_out_of_lock_space_lets_claims_through_and_keeps_the_leases(
 ) -> None:
     """'out of shared memory' (53200) is not a lost connection: the session and the
     leases it holds are kept, the batch goes unguarded, one WARNING says what to raise."""
-    import onceq.ledger.pg.guard as pg_guard
+    import onceq._ledger.pg.guard as pg_guard
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(

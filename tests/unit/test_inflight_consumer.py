@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.inflight import FileGuard, guard_for
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.inflight import FileGuard, guard_for
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.target import open_ledger
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerUnavailable
-from onceq.ledger.target import open_ledger
-from onceq.sources.memory import MemoryTransport
 
 N = 30
 

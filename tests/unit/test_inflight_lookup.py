@@ -17,9 +17,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from onceq.core.inflight import Checked, FileGuard, Leases, guard_for
-from onceq.ledger.pg.guard import PgGuard
-from onceq.ledger.target import open_ledger
+from onceq._core.inflight import Checked, FileGuard, Leases, guard_for
+from onceq._ledger.pg.guard import PgGuard
+from onceq._ledger.target import open_ledger
 
 pytestmark = pytest.mark.pg
 

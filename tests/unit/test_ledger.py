@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import onceq.ledger.sqlite as ledger_module
-from onceq.core.transport import Delivery, Kind, Settle
+import onceq._ledger.sqlite as ledger_module
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.rows import chunks
+from onceq._ledger.sqlite import Entry, Ledger, encode_kept
+from onceq._sources.dirq.order import DEFAULT_SQL, run_check
 from onceq.errors import LedgerError, NotFound, UsageError
-from onceq.exercise.processed_table import PROCESSED_TABLE
-from onceq.ledger.rows import chunks
-from onceq.ledger.sqlite import Entry, Ledger, encode_kept
-from onceq.sources.dirq.order import DEFAULT_SQL, run_check
 
 V010_PROCESSED = """CREATE TABLE processed (
     msg_id       TEXT PRIMARY KEY,

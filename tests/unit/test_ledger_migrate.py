@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from cli_support import invoke
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.sqlite import Entry, Ledger
 from onceq.errors import LedgerError
-from onceq.exercise.processed_table import PROCESSED_TABLE
-from onceq.ledger.sqlite import Entry, Ledger
 from support import open_db
 
 V010_SCHEMA = """
@@ -171,8 +171,8 @@ def test_two_processes_opening_one_010_ledger_migrate_it_once(tmp_path: Path) ->
     start = time.time() + 1.0
     script = textwrap.dedent(
         f"""
-        import time, onceq.ledger.db as m  # the opener's name for the migration
-        from onceq.ledger.sqlite import Ledger
+        import time, onceq._ledger.db as m  # the opener's name for the migration
+        from onceq._ledger.sqlite import Ledger
         real = m.migrate
         def spy(conn, p):
             did = real(conn, p)

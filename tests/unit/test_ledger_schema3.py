@@ -1,5 +1,5 @@
 """Ledger schema 3: a schema-2 ledger migrated in place, attempts reset by a replay, the
-failure detail cap, delay_s, and the dead-letter operations' audit (onceq.ledger.ops)."""
+failure detail cap, delay_s, and the dead-letter operations' audit (onceq._ledger.ops)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from cli_support import invoke
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.rows import DETAIL_CAP
+from onceq._ledger.sqlite import Entry, Ledger
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerError
-from onceq.ledger.rows import DETAIL_CAP
-from onceq.ledger.sqlite import Entry, Ledger
-from onceq.sources.memory import MemoryTransport
 from support import open_db
 
 # Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger_db.py`.

@@ -1,7 +1,7 @@
 """Every log call of the library names its event, and every event is in one table.
 
 An operator alerts on an event by its name (docs/operations.md lists them from
-onceq.core.logs.EVENTS): a log call added without an event, or with one the table does not
+onceq._core.logs.EVENTS): a log call added without an event, or with one the table does not
 describe, fails here instead of shipping a line nobody can find.
 """
 
@@ -12,12 +12,12 @@ import importlib
 import re
 from pathlib import Path
 
-from onceq.core.logs import EVENTS
+from onceq._core.logs import EVENTS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "onceq"
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
 KEBAB = re.compile(r"^[a-z]+(-[a-z]+)*$")
-# Told by onceq.core.logs itself: log_group's verdicts and the filter's default events.
+# Told by onceq._core.logs itself: log_group's verdicts and the filter's default events.
 FROM_LOGS = {"duplicate", "retry", "dead", "held", "recovered", "log", "python-warning"}
 
 
@@ -36,7 +36,7 @@ def _calls() -> list[tuple[Path, int, str, ast.Call]]:
     """(file, line, module, call) of every log call on a module's logger."""
     out = []
     for path in sorted(SRC.rglob("*.py")):
-        if path == SRC / "core" / "logs.py":
+        if path == SRC / "_core" / "logs.py":
             continue  # log_group and say take their event as data (tested in test_logs)
         tree = ast.parse(path.read_text())
         loggers = _loggers(tree)
@@ -70,7 +70,7 @@ def _event(module: str, call: ast.Call) -> set[str]:
 
 
 def _say_events() -> set[str]:
-    """The events of onceq.core.logs.say(text, EVENT) calls (the CLI's own lines)."""
+    """The events of onceq._core.logs.say(text, EVENT) calls (the CLI's own lines)."""
     found = set()
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -90,10 +90,10 @@ def test_the_library_has_log_calls_to_check() -> None:
     """The scan finds the known call sites (a scan that finds none would pass anything)."""
     modules = {m for _, _, m, _ in _calls()}
     for known in (
-        "onceq.core.breaker",
-        "onceq.sources.amqp.transport",
-        "onceq.ledger.pg.reconnect",
-        "onceq.core.holds",
+        "onceq._core.breaker",
+        "onceq._sources.amqp.transport",
+        "onceq._ledger.pg.reconnect",
+        "onceq._core.holds",
     ):
         assert known in modules
 
@@ -108,7 +108,7 @@ def test_every_log_call_names_an_event_of_the_table() -> None:
             problems.append(f"{where}: {exc}")
             continue
         problems += [
-            f"{where}: event {e!r} is not in onceq.core.logs.EVENTS" for e in events - set(EVENTS)
+            f"{where}: event {e!r} is not in onceq._core.logs.EVENTS" for e in events - set(EVENTS)
         ]
     assert not problems, "\n".join(problems)
 
@@ -123,7 +123,7 @@ def test_every_event_of_the_table_is_logged_somewhere_and_is_kebab_case() -> Non
 
 
 def test_the_breaker_names_an_event_for_each_of_its_states() -> None:
-    from onceq.core.breaker import BREAKER_EVENTS, CLOSED, HALF_OPEN, OPEN
+    from onceq._core.breaker import BREAKER_EVENTS, CLOSED, HALF_OPEN, OPEN
 
     assert BREAKER_EVENTS == {
         OPEN: "breaker-open",

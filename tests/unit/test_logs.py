@@ -1,4 +1,4 @@
-"""onceq.core.logs: the JSON line (fields, masking, one line whatever is logged), the human
+"""onceq._core.logs: the JSON line (fields, masking, one line whatever is logged), the human
 line unchanged, the flow from its contextvar, and log_group's one line per verdict."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from onceq.core import logs, redact
-from onceq.core.redact import RedactingStream
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.ledger.sqlite import Entry
+from onceq._core import logs, redact
+from onceq._core.redact import RedactingStream
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry
 
 ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -284,8 +284,8 @@ def test_an_unknown_format_is_refused() -> None:
 
 
 def test_every_outcome_the_counters_know_has_its_event() -> None:
-    """A new outcome in onceq.core.stats must be given an event (or None: not logged)."""
-    from onceq.core.stats import OUTCOMES
+    """A new outcome in onceq._core.stats must be given an event (or None: not logged)."""
+    from onceq._core.stats import OUTCOMES
 
     assert set(logs.OUTCOME_EVENTS) == set(OUTCOMES)
     assert {e for e in logs.OUTCOME_EVENTS.values() if e} <= set(logs.EVENTS)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.core.retry import RetryPolicy
+from onceq._core.retry import RetryPolicy
+from onceq._flows.flow import Flow
+from onceq._sources.amqp.depths import flow_queues, management_api
+from onceq._sources.amqp.plugin import RabbitSource
 from onceq.errors import UsageError
-from onceq.flows.flow import Flow
-from onceq.sources.amqp.depths import flow_queues, management_api
-from onceq.sources.amqp.plugin import RabbitSource
 
 AMQP = "amqp://alice:amqpSECRET1@broker.example:5672/prod"
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import decoders_0_1_0 as oracle
-from onceq.core.message import MessageSpec
-from onceq.core.transport import Delivery, Kind
+from onceq._core.message import MessageSpec
+from onceq._core.transport import Delivery, Kind
+from onceq._exercise.presets import CLAIMS, ORDERS, OrdersSpec
 from onceq.errors import UsageError
-from onceq.exercise.presets import CLAIMS, ORDERS, OrdersSpec
 
 # --- the oracle -----------------------------------------------------------------------
 
@@ -353,7 +353,7 @@ def test_a_spec_is_a_value_hashable_and_not_changed_by_its_caller_s_dict() -> No
 )
 def test_the_bom_strip_is_the_utf8_sig_codec(prefix: bytes, rest: bytes) -> None:
     """decode's own BOM strip gives what bytes.decode("utf-8-sig") gives, errors too."""
-    from onceq.core.message import _utf8_sig
+    from onceq._core.message import _utf8_sig
 
     def outcome(f: Any) -> Any:
         try:

@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import onceq
 from metrics_support import Scrape, answers, healthz
-from onceq.core.hooks import Hooks
-from onceq.core.stats import COUNTS, OUTCOMES, Stats, outcome_of
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.ledger.sqlite import Entry
-from onceq.ops.metrics import new_registry
-from onceq.ops.metrics_snapshot import (
+from onceq._core.hooks import Hooks
+from onceq._core.stats import COUNTS, OUTCOMES, Stats, outcome_of
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry
+from onceq._ops.metrics import new_registry
+from onceq._ops.metrics_snapshot import (
     BUCKETS,
     Durations,
     FlowMetrics,
@@ -31,10 +31,10 @@ from onceq.ops.metrics_snapshot import (
     snapshot_dict,
     snapshot_from_dict,
 )
-from onceq.ops.telemetry import OpsOptions, Telemetry
-from onceq.sources.amqp.depths import RabbitDepths
-from onceq.sources.amqp.plugin import RabbitSource
-from onceq.sources.dirq.plugin import DirSource
+from onceq._ops.telemetry import OpsOptions, Telemetry
+from onceq._sources.amqp.depths import RabbitDepths
+from onceq._sources.amqp.plugin import RabbitSource
+from onceq._sources.dirq.plugin import DirSource
 from support import free_port
 
 
@@ -143,7 +143,7 @@ def test_two_registries_in_one_process_never_collide() -> None:
 
 
 def test_rabbit_depths_sum_the_tiers_and_add_unacked() -> None:
-    from onceq.sources.amqp.depths import QueueDepth
+    from onceq._sources.amqp.depths import QueueDepth
 
     r = RabbitDepths.__new__(RabbitDepths)
     r.states = [("ready", "q"), ("retry", "q.5s"), ("retry", "q.30s"), ("dead", "q.dead")]

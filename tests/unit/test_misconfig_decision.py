@@ -1,4 +1,4 @@
-"""The misconfiguration guard's decision (onceq.core.misconfig), pure, and the loop obeying it.
+"""The misconfiguration guard's decision (onceq._core.misconfig), pure, and the loop obeying it.
 
 The first N verdicts all REJECTED for the same reason trip it; one success, duplicate,
 transient failure or other reason among them disarms it for the run; HELD is no
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import onceq
-from onceq.core.consumer import Consumer, Outcome, no_effect
-from onceq.core.message import MessageSpec
-from onceq.core.misconfig import (
+from onceq._core.consumer import Consumer, Outcome, no_effect
+from onceq._core.message import MessageSpec
+from onceq._core.misconfig import (
     DEFAULT_FAILURES,
     GuardPolicy,
     MisconfigGuard,
@@ -27,11 +27,11 @@ from onceq.core.misconfig import (
     run_error,
     top_level_keys,
 )
-from onceq.core.stats import Stats
-from onceq.core.transport import Delivery, Kind
+from onceq._core.stats import Stats
+from onceq._core.transport import Delivery, Kind
+from onceq._ledger.sqlite import Ledger
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import AllFailed, Misconfigured, UsageError
-from onceq.ledger.sqlite import Ledger
-from onceq.sources.memory import MemoryTransport
 
 R, S, D, T, H = Kind.REJECTED, Kind.SUCCESS, Kind.DUPLICATE, Kind.TRANSIENT, Kind.HELD
 
@@ -295,14 +295,14 @@ def test_any_other_reason_is_named_without_its_detail() -> None:
     assert "ACME" not in hint
 
 
-# --- the flags (onceq.cli.retry_options) ------------------------------------------------
+# --- the flags (onceq._cli.retry_options) ------------------------------------------------
 
 
 def test_the_guard_flags_over_a_preset_and_an_own_flow() -> None:
-    from onceq.cli.retry_options import apply_retry
-    from onceq.exercise.flows import orders_flow
-    from onceq.flows.flow import Flow
-    from onceq.sources.dirq.plugin import DirSource
+    from onceq._cli.retry_options import apply_retry
+    from onceq._exercise.flows import orders_flow
+    from onceq._flows.flow import Flow
+    from onceq._sources.dirq.plugin import DirSource
 
     preset = orders_flow("/nonexistent")
     assert preset.guard_policy() == GuardPolicy.exercise_rule()

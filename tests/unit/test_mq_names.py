@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from onceq.errors import BadMessage, UsageError
-from onceq.sources.amqp.publisher import check_target, load_message, load_messages
-from onceq.sources.amqp.topology import (
+from onceq._sources.amqp.publisher import check_target, load_message, load_messages
+from onceq._sources.amqp.topology import (
     BINDINGS,
     EXCHANGES,
     QUEUES,
@@ -18,7 +17,8 @@ from onceq.sources.amqp.topology import (
     Queue,
     Topology,
 )
-from onceq.sources.amqp.topology_declare import plan
+from onceq._sources.amqp.topology_declare import plan
+from onceq.errors import BadMessage, UsageError
 
 
 def test_claims_preset_is_the_exercise_names() -> None:

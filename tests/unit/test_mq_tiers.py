@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.core.retry import DEFAULT_DELAYS, RetryPolicy
+from onceq._core.retry import DEFAULT_DELAYS, RetryPolicy
+from onceq._exercise.flows import claims_flow
+from onceq._flows.flow import Flow
+from onceq._sources.amqp.plugin import RabbitSource
+from onceq._sources.amqp.retry import copy_headers
+from onceq._sources.amqp.topology import Queue, Topology
+from onceq._sources.amqp.topology_declare import plan
 from onceq.errors import UsageError
-from onceq.exercise.flows import claims_flow
-from onceq.flows.flow import Flow
-from onceq.sources.amqp.plugin import RabbitSource
-from onceq.sources.amqp.retry import copy_headers
-from onceq.sources.amqp.topology import Queue, Topology
-from onceq.sources.amqp.topology_declare import plan
 
 
 def test_no_delays_is_exactly_the_exercise_topology() -> None:

@@ -18,12 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceq.core.effect import SqlEffect
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.effect import SqlEffect
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.pg.reconnect import Reconnector
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import open_ledger
 from onceq.errors import LedgerError, LedgerUnavailable
-from onceq.ledger.pg.reconnect import Reconnector
-from onceq.ledger.sqlite import Entry
-from onceq.ledger.target import open_ledger
 from pg_support import ADMIN_URL
 
 pytestmark = pytest.mark.pg
@@ -212,7 +212,7 @@ def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
     network): the old session still holds the group's transaction, 'in progress'.
     The commit ends that session itself (pg_terminate_backend), so the transaction's
     verdict becomes final (aborted) and the group is written again, once."""
-    import onceq.ledger.pg.reconnect as reconnect
+    import onceq._ledger.pg.reconnect as reconnect
 
     class Cut(psycopg.OperationalError):
         pass

@@ -11,12 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.pg.schema import VERSION, conninfo
+from onceq._ledger.pg.sql import translate
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import open_ledger
 from onceq.errors import LedgerError, LedgerUnavailable, NotFound
-from onceq.ledger.pg.schema import VERSION, conninfo
-from onceq.ledger.pg.sql import translate
-from onceq.ledger.sqlite import Entry
-from onceq.ledger.target import open_ledger
 from pg_support import ADMIN_URL
 
 pytestmark = pytest.mark.pg
@@ -135,10 +135,10 @@ def test_two_processes_creating_the_ledger_at_once_both_succeed(pg_url: str) -> 
     code = textwrap.dedent(
         f"""
         import sys, time
-        from onceq.ledger.sqlite import Entry
-        from onceq.ledger.target import open_ledger
-        from onceq.exercise.processed_table import PROCESSED_TABLE
-        from onceq.core.transport import Delivery, Kind, Settle
+        from onceq._ledger.sqlite import Entry
+        from onceq._ledger.target import open_ledger
+        from onceq._exercise.processed_table import PROCESSED_TABLE
+        from onceq._core.transport import Delivery, Kind, Settle
         start = float(sys.argv[1])
         while time.time() < start:
             pass
@@ -182,7 +182,7 @@ def test_create_false_on_an_empty_database_makes_nothing(pg_url: str) -> None:
 def test_the_postgresql_tables_have_every_column_of_the_sqlite_schema(pg_url: str) -> None:
     """The two DDLs are kept by hand, one per dialect: a column added to SQLite's schema
     (ledger_db.SCHEMA) and not to PostgreSQL's would break the shared SQL on one kind."""
-    from onceq.ledger.db import expected
+    from onceq._ledger.db import expected
 
     open_ledger(pg_url).close()
     have: dict[str, set[str]] = {}

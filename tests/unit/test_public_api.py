@@ -90,6 +90,21 @@ def test_the_error_classes_are_errors_of_the_tree_with_their_exit_codes() -> Non
         assert issubclass(cls, onceq.OnceqError) and cls.exit_code == code
 
 
+def test_every_module_outside_the_public_api_is_private() -> None:
+    """`import onceq` (its `__all__`) and `onceq.errors` are the API; every other module
+    sits in a package whose name starts with an underscore, so an import of it says it
+    reaches into internals that may change without notice."""
+    src = Path(onceq.__file__).parent
+    public = {"__init__.py", "__main__.py", "errors.py"}
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src)
+        if len(rel.parts) == 1:
+            assert rel.name in public, f"{rel}: a public top-level module outside the API"
+        else:
+            assert rel.parts[0].startswith("_"), f"{rel}: a module in a public package"
+    assert all(home.split(".")[1].startswith("_") for home in onceq._LAZY.values())
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         onceq.Nope  # noqa: B018

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceq import errors
-from onceq.core import redact
-from onceq.core.logs import RedactingFormatter
-from onceq.core.redact import RedactingStream, guarded_stdio, redact_text, redact_url, remember
+from onceq._core import redact
+from onceq._core.logs import RedactingFormatter
+from onceq._core.redact import RedactingStream, guarded_stdio, redact_text, redact_url, remember
 
 
 @pytest.fixture(autouse=True)
@@ -183,7 +183,7 @@ def test_a_user_read_as_a_scheme_before_a_slashed_password_is_masked() -> None:
     """`oh35:/@pw@h` (no scheme typed, a password starting with '/'): the colon after
     one slash may be the userinfo's, so the rest up to the last '@' is masked; after
     `://` it is the scheme's (`amqp://alice@h` has no password)."""
-    from onceq.core.redact import redact_text, redact_url
+    from onceq._core.redact import redact_text, redact_url
 
     assert redact_url("oh35:/@ab000AAA@@127.0.0.1") == "oh35:***@127.0.0.1"
     assert redact_text("x oh35:/@ab000AAA@@127.0.0.1") == "x oh35:***@127.0.0.1"

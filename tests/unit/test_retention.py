@@ -1,4 +1,4 @@
-"""Retention on both ledgers (onceq.ledger.retention): prune removes exactly the old rows, keeps
+"""Retention on both ledgers (onceq._ledger.retention): prune removes exactly the old rows, keeps
 what must stay even when old (a retrying message's attempts, the replays that hide
 failures, killed operations, the newest id), per flow, in batches that each commit;
 dry-run changes nothing; a window shorter than the longest retry delay is refused;
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Settle
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Settle
+from onceq._ledger.retention import TABLE_NAMES, prune, stats
+from onceq._ledger.target import open_ledger
 from onceq.errors import UsageError
-from onceq.ledger.retention import TABLE_NAMES, prune, stats
-from onceq.ledger.target import open_ledger
 from retention_support import DAY, NOW, OLD, backdate, failed, fill, newest_rows_are_new, ok, rows
 
 WINDOW = 30 * DAY  # the window every test prunes with; OLD rows are 40 days old

@@ -1,5 +1,5 @@
 """Retry-After: the header's parsing, `Retry(after=…)` from a Python or SQL effect, and
-the retry policy's choice of tier from it (onceq.effects.http, onceq.core.effect)."""
+the retry policy's choice of tier from it (onceq._effects.http, onceq._core.effect)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.effect import PythonEffect, Retry, SqlEffect
-from onceq.core.retry import RetryPolicy
-from onceq.core.transport import Delivery, Kind, Settle
-from onceq.effects.http import RETRY_AFTER_CAP, retry_after_seconds
-from onceq.ledger.sqlite import Entry, Ledger
-from onceq.sources.memory import MemoryTransport
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.effect import PythonEffect, Retry, SqlEffect
+from onceq._core.retry import RetryPolicy
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._effects.http import RETRY_AFTER_CAP, retry_after_seconds
+from onceq._ledger.sqlite import Entry, Ledger
+from onceq._sources.memory import MemoryTransport
 
 NOW = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
 

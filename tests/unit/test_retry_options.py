@@ -1,4 +1,4 @@
-"""The retry and breaker flags (onceq.cli.retry_options): what each flag changes, that a
+"""The retry and breaker flags (onceq._cli.retry_options): what each flag changes, that a
 flow keeps its own policy when no flag is given, and each mistake as one line naming
 the flag (exit 2 through the real `onceq` error mapping)."""
 
@@ -11,12 +11,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from onceq.cli.retry_options import apply_retry, retry_from_values, retry_options
-from onceq.core.retry import BreakerPolicy, RetryPolicy
+from onceq._cli.retry_options import apply_retry, retry_from_values, retry_options
+from onceq._core.retry import BreakerPolicy, RetryPolicy
+from onceq._exercise.flows import orders_flow
+from onceq._flows.flow import Flow
+from onceq._sources.dirq.plugin import DirSource
 from onceq.errors import UsageError
-from onceq.exercise.flows import orders_flow
-from onceq.flows.flow import Flow
-from onceq.sources.dirq.plugin import DirSource
 
 
 def _parse(*args: str, breaker: bool = True) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def test_a_breaker_setting_on_a_flow_without_a_call_effect_is_refused() -> None:
 def test_through_the_cli_a_mistake_is_one_line_and_exit_2(
     args: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from onceq.cli import _main, app
+    from onceq._cli import _main, app
 
     @app.command("retry-options-probe", hidden=True)
     @retry_options

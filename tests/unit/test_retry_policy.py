@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceq.core.retry import BreakerPolicy, RetryPolicy, delay_label, parse_duration
-from onceq.core.transport import Kind, Settle, decide
+from onceq._core.retry import BreakerPolicy, RetryPolicy, delay_label, parse_duration
+from onceq._core.transport import Kind, Settle, decide
 from onceq.errors import UsageError
 
 

@@ -13,21 +13,21 @@ from typing import Any
 import pytest
 
 import onceq
-from onceq.cli.progress import StatusLine
-from onceq.core.consumer import Consumer, Outcome
-from onceq.core.hooks import Hooks, RunHooks
-from onceq.core.stats import Stats
-from onceq.core.transport import Delivery, Kind
+from onceq._cli.progress import StatusLine
+from onceq._core.consumer import Consumer, Outcome
+from onceq._core.hooks import Hooks, RunHooks
+from onceq._core.stats import Stats
+from onceq._core.transport import Delivery, Kind
+from onceq._flows.flow import Flow
+from onceq._flows.run_end import RunReport, Stopped, run_error
+from onceq._flows.runner import run_flows
+from onceq._ledger.sqlite import Ledger
+from onceq._sources import registry
+from onceq._sources.amqp.plugin import RabbitSource
+from onceq._sources.dirq.plugin import DirSource
+from onceq._sources.feed import Feed
+from onceq._sources.memory import MemoryTransport
 from onceq.errors import AllFailed, Misconfigured
-from onceq.flows.flow import Flow
-from onceq.flows.run_end import RunReport, Stopped, run_error
-from onceq.flows.runner import run_flows
-from onceq.ledger.sqlite import Ledger
-from onceq.sources import registry
-from onceq.sources.amqp.plugin import RabbitSource
-from onceq.sources.dirq.plugin import DirSource
-from onceq.sources.feed import Feed
-from onceq.sources.memory import MemoryTransport
 
 
 def decode(d: Delivery) -> Outcome:

@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from onceq.core.transport import SETTLE_VERBS, Delivery, Settle
-from onceq.sources.amqp.copy_cause import Failure
-from onceq.sources.amqp.transport import AmqpTransport
+from onceq._core.transport import SETTLE_VERBS, Delivery, Settle
+from onceq._sources.amqp.copy_cause import Failure
+from onceq._sources.amqp.transport import AmqpTransport
 
 
 class _GoneMessage:

@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from onceq.core.keys import Mistakes, get
-from onceq.core.message import MessageSpec
-from onceq.core.transport import Delivery
-from onceq.flows.file import FlowFileError, load_flows
-from onceq.flows.flow import Flow
-from onceq.flows.runner import run
-from onceq.ledger.sqlite import Ledger
-from onceq.ops import status
-from onceq.ops.metrics_queues import reader_for
-from onceq.sources import registry
-from onceq.sources.feed import Feed
-from onceq.sources.memory import MemoryTransport
-from onceq.sources.registry import SourceType
+from onceq._core.keys import Mistakes, get
+from onceq._core.message import MessageSpec
+from onceq._core.transport import Delivery
+from onceq._flows.file import FlowFileError, load_flows
+from onceq._flows.flow import Flow
+from onceq._flows.runner import run
+from onceq._ledger.sqlite import Ledger
+from onceq._ops import status
+from onceq._ops.metrics_queues import reader_for
+from onceq._sources import registry
+from onceq._sources.feed import Feed
+from onceq._sources.memory import MemoryTransport
+from onceq._sources.registry import SourceType
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def test_status_and_metrics_read_its_depths() -> None:
 
 
 def test_the_builtin_kinds_are_found_by_their_objects() -> None:
-    from onceq.sources.amqp.plugin import RabbitSource
-    from onceq.sources.dirq.plugin import DirSource
-    from onceq.sources.memory import MemoryTransport
+    from onceq._sources.amqp.plugin import RabbitSource
+    from onceq._sources.dirq.plugin import DirSource
+    from onceq._sources.memory import MemoryTransport
 
     assert registry.of(DirSource(Path("q"))) is registry.named("dirq")
     assert registry.of(RabbitSource("q")) is registry.named("rabbitmq")

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from onceq.core.effect import Reject, Retry, SqlEffect
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.effect import Reject, Retry, SqlEffect
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry, Ledger
 from onceq.errors import LedgerError
-from onceq.ledger.sqlite import Entry, Ledger
 
 SETUP = "CREATE TABLE IF NOT EXISTS invoices (id TEXT PRIMARY KEY, customer TEXT, total REAL)"
 
@@ -173,8 +173,8 @@ def test_a_sql_function_flow_through_the_loop(tmp_path: Path) -> None:
     import asyncio
     import json
 
-    from onceq.core.consumer import Consumer, Outcome
-    from onceq.sources.memory import MemoryTransport
+    from onceq._core.consumer import Consumer, Outcome
+    from onceq._sources.memory import MemoryTransport
 
     def decode(d: Delivery) -> Outcome:
         doc = json.loads(d.body)

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from onceq.core.transport import Delivery, Kind, Settle
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import open_ledger
+from onceq._ops.status_ledger import LedgerView
 from onceq.errors import LedgerUnavailable
-from onceq.ledger.sqlite import Entry
-from onceq.ledger.target import open_ledger
-from onceq.ops.status_ledger import LedgerView
 
 
 def entry(msg_id: str, kind: Kind, settle: Settle, reason: str = "") -> Entry:
@@ -61,7 +61,7 @@ def test_consumer_rows_and_stale(ledger_target: str) -> None:
     ]
     import psycopg
 
-    from onceq.ledger.target import is_pg_url
+    from onceq._ledger.target import is_pg_url
     from support import open_db
 
     sql = "INSERT INTO {t} VALUES ('a', %s, 'h', 7, %s, %s, 5, %s)"
@@ -102,7 +102,7 @@ def test_the_sqlite_read_refuses_writes(tmp_path: object) -> None:
     import sqlite3
     from pathlib import Path
 
-    from onceq.ops.status_ledger import _sqlite_session
+    from onceq._ops.status_ledger import _sqlite_session
 
     db = Path(str(tmp_path)) / "ledger.db"
     open_ledger(db, flow="a").close()
@@ -113,7 +113,7 @@ def test_the_sqlite_read_refuses_writes(tmp_path: object) -> None:
 def test_the_pg_read_is_a_read_only_transaction(pg_url: str) -> None:
     import psycopg
 
-    from onceq.ops.pg_sessions import read_session
+    from onceq._ops.pg_sessions import read_session
 
     open_ledger(pg_url, flow="a").close()
     with (

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from onceq.cli.mq_status import memory_line
+from onceq._cli.mq_status import memory_line
+from onceq._sources.amqp.depths import QueueDepth
+from onceq._sources.amqp.status import memory_of, queue_doc
 from onceq.errors import NotFound
-from onceq.sources.amqp.depths import QueueDepth
-from onceq.sources.amqp.status import memory_of, queue_doc
 
 MiB = 2**20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceq.ops.status_watch import Rates
+from onceq._ops.status_watch import Rates
 
 
 def doc(processed: int, dead: int, name: str = "a") -> dict[str, Any]:

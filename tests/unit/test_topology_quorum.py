@@ -8,9 +8,8 @@ import logging
 
 import pytest
 
-from onceq.errors import UsageError
-from onceq.sources.amqp.plugin import RabbitSource
-from onceq.sources.amqp.preflight import (
+from onceq._sources.amqp.plugin import RabbitSource
+from onceq._sources.amqp.preflight import (
     QueueFacts,
     broker_consumer_timeout,
     consumer_timeout_problem,
@@ -20,10 +19,11 @@ from onceq.sources.amqp.preflight import (
     parse_ctl,
     parse_inequivalent,
 )
-from onceq.sources.amqp.retry import copy_headers
-from onceq.sources.amqp.topology import Queue, Topology
-from onceq.sources.amqp.topology_declare import plan
-from onceq.sources.amqp.topology_types import DELIVERY_LIMIT
+from onceq._sources.amqp.retry import copy_headers
+from onceq._sources.amqp.topology import Queue, Topology
+from onceq._sources.amqp.topology_declare import plan
+from onceq._sources.amqp.topology_types import DELIVERY_LIMIT
+from onceq.errors import UsageError
 
 
 def _queues(t: Topology) -> dict[str, dict]:
@@ -208,7 +208,7 @@ def test_a_queue_named_as_its_own_stem_is_checked_as_a_queue(
     """`--queue orders` (no ".in"): the exchange is called "orders" too and comes first
     in the topology's objects; the start-up check must read the queue's arguments, not
     fail on the exchange (found by mypy: an Exchange has no arguments)."""
-    from onceq.sources.amqp import preflight
+    from onceq._sources.amqp import preflight
 
     t = Topology.for_queue("orders")
     seen: list[dict] = []

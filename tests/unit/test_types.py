@@ -19,6 +19,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+import onceq
+
 ROOT = Path(__file__).resolve().parents[2]
 # What `mypy --strict` turns on besides the package-wide settings (mypy --help).
 STRICT_FLAGS = {
@@ -51,13 +53,17 @@ def test_mypy_finds_no_error_in_the_package() -> None:
     assert "Success: no issues found" in out, out
 
 
-def test_the_public_api_module_is_checked_as_strictly_as_mypy_strict() -> None:
-    """The overrides block for `onceq` keeps every --strict flag (strict itself cannot be
-    set per module); the package-wide ones are set for all modules."""
+def test_the_public_api_modules_are_checked_as_strictly_as_mypy_strict() -> None:
+    """The overrides block for the public API keeps every --strict flag (strict itself
+    cannot be set per module) and names exactly `onceq`, `onceq.errors` and the private
+    modules `onceq.__all__`'s names are defined in; the package-wide ones are set for all
+    modules."""
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy["files"] == ["src/onceq"]
     assert all(mypy[k] is True for k in ("warn_unused_ignores", "warn_redundant_casts"))
     assert mypy["check_untyped_defs"] is True
-    [api] = [o for o in mypy["overrides"] if o["module"] == ["onceq"]]
+    homes = {"onceq", "onceq.errors", *onceq._LAZY.values()}
+    [api] = [o for o in mypy["overrides"] if "onceq" in o["module"]]
+    assert set(api["module"]) == homes, set(api["module"]) ^ homes
     assert {k for k, v in api.items() if v is True} >= STRICT_FLAGS, api
     assert api["implicit_reexport"] is False

@@ -1,4 +1,4 @@
-"""onceq.sources.amqp.wire without a broker: content-header frames as other clients encode them."""
+"""onceq._sources.amqp.wire without a broker: content-header frames as other clients encode them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pamqp import frame, header
 from pamqp.exceptions import UnmarshalingException
 
 from mq_malformed_support import long_str, nested_tables, raw_fields, timestamp
-from onceq.core.outcome import decode_safely
-from onceq.core.transport import Delivery, Kind
-from onceq.sources.amqp import wire
+from onceq._core.outcome import decode_safely
+from onceq._core.transport import Delivery, Kind
+from onceq._sources.amqp import wire
 
 wire.install()
 
@@ -111,7 +111,7 @@ def test_the_loop_dead_letters_a_refused_delivery_without_decoding_it() -> None:
 def test_replay_refuses_a_malformed_letter_and_one_it_cannot_encode_again() -> None:
     from pamqp.commands import Basic
 
-    from onceq.sources.amqp.dead_letter import DeadLetter, republish_problem
+    from onceq._sources.amqp.dead_letter import DeadLetter, republish_problem
 
     def letter(props: Any) -> DeadLetter:
         return DeadLetter(0, "m", 1, [], properties=props, refused=wire.verdict(props))

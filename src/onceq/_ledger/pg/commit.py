@@ -1,0 +1,154 @@
+"""What PostgreSQL supplies to the one group commit (`onceq._ledger.commit.GroupCommit`).
+
+- the transaction: BEGIN and its transaction id in one round trip
+  (`Reconnector.transaction`), tried until it goes through (`Reconnector.run_commit`):
+  a lost connection is waited out and the same group written again with the same
+  `now`, a COMMIT whose answer was lost is looked up, not repeated; a deadlock with
+  another consumer's group is retried;
+- a savepoint is a nested `conn.transaction()`; a refused row aborts the whole
+  transaction (SQLite undoes just the statement), so a group with one is written
+  again entry by entry, each in its savepoint;
+- one row's fault is psycopg's IntegrityError or DataError, or a value that could not
+  be bound, unless the connection itself is gone;
+- the SQL effect's functions run with the commit guard armed (`schema.py`: a COMMIT
+  sent by one of them fails at the server); the database's own failures
+  (OperationalError: connection, disk full, shutdown; InternalError) fail the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from onceq._core.effect import SqlEffect
+from onceq._core.entry import Entry
+from onceq._core.values import is_data_error
+from onceq._ledger.commit import GroupCommit
+from onceq._ledger.pg.reconnect import Reconnector, is_connection_error
+from onceq._ledger.pg.rows import pg_build_row, record_successes
+from onceq._ledger.pg.sql import PgTx
+from onceq.errors import LedgerError
+
+if TYPE_CHECKING:
+    from onceq._ledger.rows import Tx
+
+# One round trip each (several statements, no parameters: psycopg sends them as one).
+_ARM = (
+    "SELECT set_config('onceq.commit_ok', 'no', true);"
+    " INSERT INTO onceq.commit_guard (armed) VALUES (1)"
+)
+_DISARM = "SELECT set_config('onceq.commit_ok', 'yes', true); DELETE FROM onceq.commit_guard"
+
+
+def row_fault(exc: BaseException) -> bool:
+    """Did one message's row fail (its values, a constraint), not the database?"""
+    return isinstance(exc, psycopg.IntegrityError | psycopg.DataError) or is_data_error(exc)
+
+
+def database_fault(exc: BaseException) -> bool:
+    """Is `exc` the database's own failure (it would fail any message the same way)?"""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InternalError)
+
+
+def _ended(exc: BaseException | None) -> bool:
+    """Did the function try to end the transaction through psycopg's own methods? (They
+    refuse inside a transaction block; the SQL COMMIT is the guard's.)"""
+    return isinstance(exc, psycopg.ProgrammingError) and "forbidden" in str(exc)
+
+
+class _Undo(Exception):
+    """Leaves the message's savepoint by rolling it back."""
+
+
+class PgCommit(GroupCommit):
+    """The PostgreSQL side of the group commit (a base of `PgLedger`)."""
+
+    REJECTS = (psycopg.IntegrityError,)
+
+    if TYPE_CHECKING:
+        url: str
+        _write: psycopg.Connection[Any]
+        _write_lock: threading.RLock
+        _net: Reconnector
+
+    def _build_row(self, e: Entry, now: str) -> str:
+        return pg_build_row(e, self.flow, self.source, now)
+
+    def _attempts(self, attempt: Callable[[], None]) -> None:
+        # The writer is shared with the operators' writes; run_commit reconnects
+        # `self._write` when it is lost and hands the attempt the live one.
+        with self._write_lock:
+            self._net.run_commit(self, lambda _conn: attempt())
+
+    @contextlib.contextmanager
+    def _group_transaction(self) -> Iterator[Tx]:
+        conn = self._write
+        with self._net.transaction(conn):
+            yield PgTx(conn)
+
+    @contextlib.contextmanager
+    def _savepoint(self, tx: Tx) -> Iterator[None]:
+        with self._write.transaction():
+            yield
+
+    def _row_fault(self, exc: BaseException) -> str | None:
+        if not row_fault(exc) or is_connection_error(exc, self._write):
+            return None
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+    def _insert_rows(self, tx: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        return record_successes(self._write, group)
+
+    def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
+        # The presets' form: one statement for the group. A refused row raises, the
+        # transaction is aborted and the group is written again entry by entry.
+        assert sql.bulk is not None
+        sql.bulk(tx, won)
+
+    @contextlib.contextmanager
+    def _effects_guarded(self, tx: Tx) -> Iterator[None]:
+        # Armed for the functions' run (see schema.py: commit_guard): a COMMIT sent by
+        # one of them now fails at the server, so no part of the group becomes durable.
+        # Not disarmed when one raised: the group's transaction fails with it.
+        self._write.execute(_ARM)
+        yield
+        self._write.execute(_DISARM)
+
+    def _call_effect(
+        self, tx: Tx, function: Callable[[Any, Any], None], doc: Any
+    ) -> Exception | None:
+        conn = self._write
+        raised: Exception | None = None
+        try:
+            with conn.transaction():
+                try:
+                    function(conn, doc)
+                except Exception as exc:
+                    raised = exc
+                if raised is not None and (database_fault(raised) or conn.broken):
+                    raise raised  # the ledger's trouble (or its lost session): the group fails
+                status = conn.info.transaction_status
+                if _ended(raised) or status not in (
+                    TransactionStatus.INTRANS,
+                    TransactionStatus.INERROR,
+                ):
+                    raise LedgerError(
+                        f"{self.path}: the SQL effect ended the ledger's transaction (it must"
+                        " not COMMIT or ROLLBACK: onceq commits its rows with the message's"
+                        " record)"
+                    )
+                if raised is None and status is TransactionStatus.INERROR:
+                    # It swallowed a failed statement: what it did is not all there.
+                    raised = psycopg.errors.InFailedSqlTransaction(
+                        "a statement failed inside the effect (the error was caught)"
+                    )
+                if raised is not None:
+                    raise _Undo
+        except _Undo:
+            pass
+        return raised

@@ -1,0 +1,235 @@
+"""What the PostgreSQL ledger does when its connection is lost.
+
+Reads run on the event loop: they must never wait for the database to come back, so
+a lost connection is LedgerUnavailable at once, and the next read makes at most one
+quick, rate-limited attempt to reconnect (the loop holds its copies and polls
+`ping()` meanwhile).
+
+A group commit runs in a worker thread and holds copies that are not yet settled: it
+waits the outage out, reconnecting with backoff (0.2 s doubling to 5 s), and writes
+the SAME group with the SAME `now` again. The dangerous case is a COMMIT sent whose
+answer was lost: it may have been applied. Each group's transaction notes its
+transaction id first (`pg_current_xact_id()`); after reconnecting, `pg_xact_status`
+says whether it committed (the group is done: the entries keep the verdicts of that
+try, nothing is written twice), aborted (write it again), or is still in progress
+(a backend the server has not yet noticed is gone: wait). `interrupt()` (Consumer.stop)
+makes the wait give up with LedgerError.
+
+One WARNING line when the connection is lost, one when it is back; the URL in them is
+redacted (`PgLedger.path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from onceq._ledger.pg import schema
+from onceq.errors import LedgerError, LedgerUnavailable
+
+if TYPE_CHECKING:
+    from onceq._ledger.pg.commit import PgCommit
+
+log = logging.getLogger("onceq.ledger")
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
+# A read's reconnect: libpq's shortest connect timeout (it rounds 1 up to 2 s), and at
+# most one attempt per second, so a loop polling ping() is not slowed by each try.
+READ_CONNECT_TIMEOUT = 2
+READ_RETRY_EVERY = 1.0
+# A deadlock or serialization failure between two consumers' groups is retried at once
+# (the other group has gone through); this many times before it is the ledger's error.
+ROLLBACK_RETRIES = 20
+
+
+def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None = None) -> bool:
+    """Is `exc` the connection's loss (server gone, session terminated), not a refusal?"""
+    if conn is not None and (conn.closed or conn.broken):
+        return isinstance(exc, psycopg.Error)
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    # 08: connection exception (but 08P01, a protocol violation, is a bug of ours);
+    # 57P01-03: admin shutdown, crash shutdown, cannot connect now. No sqlstate and no
+    # connection to ask: the client's own "server closed the connection". (With the
+    # connection at hand, a bare OperationalError on a healthy one, e.g. raised by an
+    # SQL effect's function, is not a loss: waiting for a reconnect would never end.)
+    return isinstance(exc, psycopg.OperationalError) and (
+        (state.startswith("08") and state != "08P01")
+        or state in ("57P01", "57P02", "57P03")
+        or (not state and conn is None)
+    )
+
+
+class _StillRunning(Exception):
+    """The lost COMMIT's transaction is still in progress on the server."""
+
+
+class Reconnector:
+    """The connection-loss state of one PgLedger (`where` is its redacted URL)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._interrupted = threading.Event()
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._last_try = 0.0
+        self.xid: str | None = None  # the current group transaction's id, once known
+        self.pid: int | None = None  # and its session's server process
+
+    # --- the two log lines ---------------------------------------------------------
+
+    def went_down(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        log.warning(
+            "ledger %s: connection lost (%s); reconnecting",
+            self.where,
+            schema._why(exc),
+            extra={"event": "ledger-lost"},
+        )
+
+    def _came_back(self) -> None:
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.warning(
+                "ledger %s: reconnected after %.1f s",
+                self.where,
+                time.monotonic() - since,
+                extra={"event": "ledger-back"},
+            )
+
+    def lost(self, exc: BaseException) -> LedgerUnavailable:
+        """A read's lost connection, as the error to raise."""
+        self.went_down(exc)
+        return LedgerUnavailable(
+            f"{self.where}: the ledger's database is unavailable: {schema._why(exc)}"
+        )
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    # --- reads: one quick attempt -----------------------------------------------------
+
+    def reconnect_now(self, url: str, old: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        """A new session for a read, or LedgerUnavailable at once (never a wait)."""
+        with contextlib.suppress(Exception):
+            old.close()
+        now = time.monotonic()
+        if now - self._last_try < READ_RETRY_EVERY:
+            raise LedgerUnavailable(f"{self.where}: the ledger's database is unavailable")
+        self._last_try = now
+        try:
+            conn = schema.connect(url, self.where, connect_timeout=READ_CONNECT_TIMEOUT)
+        except LedgerUnavailable as exc:
+            self.went_down(exc)
+            raise
+        self._came_back()
+        return conn
+
+    # --- commits: wait it out ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """A group's transaction, its id noted first (for a lost COMMIT's verdict).
+
+        BEGIN and the id in one round trip (two statements, no parameters: one simple
+        query), not psycopg's transaction() and a SELECT: a group is BEGIN, its
+        statements and COMMIT, and each round trip is time the group holds its rows'
+        locks. Nested conn.transaction() blocks inside are savepoints, as psycopg sees
+        the transaction open.
+        """
+        self.xid = None
+        self.pid = conn.info.backend_pid
+        try:
+            cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
+            cur.nextset()
+            row = cur.fetchone()
+            self.xid = row[0] if row else None
+            yield
+        except BaseException:
+            if not (conn.closed or conn.broken) and (
+                conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def run_commit(
+        self, ledger: PgCommit, attempt: Callable[[psycopg.Connection[Any]], None]
+    ) -> None:
+        """Run `attempt(conn)` until it goes through, reconnecting as needed."""
+        delay = BACKOFF_FIRST
+        rollbacks = 0
+        in_doubt: str | None = None
+        old_pid: int | None = None
+        while True:
+            if self._interrupted.is_set() and self._down_since is not None:
+                raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
+            conn = ledger._write
+            try:
+                if conn.closed or conn.broken:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = ledger._write = schema.connect(ledger.url, self.where)
+                if in_doubt is not None:
+                    status = self._status(conn, in_doubt)
+                    if status == "committed":
+                        self._came_back()
+                        return  # the lost COMMIT went through: the entries hold its verdicts
+                    if status == "in progress":
+                        # Our old session, still alive on the server (a cut network it
+                        # has not noticed): ended, so its verdict becomes final instead
+                        # of its locks holding this group for the server's TCP timeout.
+                        if old_pid is not None:
+                            conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+                            old_pid = None
+                        raise _StillRunning
+                    if status is None:
+                        # Too old for the server to remember: nothing here can tell.
+                        # Stop with the group unsettled: its copies come back and the
+                        # ledger's rows recognise what was done (recovered, duplicate).
+                        raise LedgerError(
+                            f"{self.where}: cannot tell whether a commit lost with the"
+                            " connection went through; stopping with its messages unsettled"
+                        )
+                    in_doubt = None
+                attempt(conn)
+                self._came_back()
+                return
+            except psycopg.errors.TransactionRollback as exc:
+                # A deadlock / serialization failure with another consumer's group:
+                # nothing was written; the same group again.
+                rollbacks += 1
+                if rollbacks > ROLLBACK_RETRIES:
+                    raise LedgerError(f"{self.where}: write failed: {schema._why(exc)}") from None
+                continue
+            except (psycopg.Error, LedgerUnavailable, _StillRunning) as exc:
+                if not (
+                    isinstance(exc, LedgerUnavailable | _StillRunning)
+                    or is_connection_error(exc, conn)
+                ):
+                    raise LedgerError(f"{self.where}: write failed: {schema._why(exc)}") from None
+                if isinstance(exc, psycopg.Error) and self.xid is not None:
+                    in_doubt = self.xid  # the COMMIT may have been applied: ask, later
+                    old_pid = self.pid
+                self.xid = None
+                if not isinstance(exc, _StillRunning):
+                    self.went_down(exc)
+            if self._interrupted.wait(delay):
+                raise LedgerError(f"{self.where}: stopped while waiting for the ledger's database")
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    def _status(self, conn: psycopg.Connection[Any], xid: str) -> str | None:
+        row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+        return row[0] if row else None

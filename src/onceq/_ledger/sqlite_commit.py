@@ -1,0 +1,174 @@
+"""What SQLite supplies to the one group commit (`onceq._ledger.commit.GroupCommit`).
+
+- the transaction: BEGIN IMMEDIATE on the writer (`Ledger._transaction`), run once:
+  a local file has no connection to wait for;
+- a savepoint is SAVEPOINT/ROLLBACK TO/RELEASE; a statement that breaks a constraint
+  is undone alone and the transaction stays (SQLite's ON CONFLICT ABORT), so the dedup
+  insert goes row by row in place (`onceq._ledger.rows.record_successes`);
+- one row's fault is a value that could not be bound (`is_data_error`), raised as it
+  is or as the cause of the LedgerError the transaction made of it;
+- the SQL effect's functions run under an authorizer that denies BEGIN, COMMIT and
+  ROLLBACK (a stray COMMIT would make half a group durable); the database's own
+  failures (`database_fault`: I/O, full, busy, readonly …) fail the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from onceq._core.effect import SqlEffect
+from onceq._core.entry import Entry
+from onceq._core.values import is_data_error
+from onceq._ledger.commit import GroupCommit
+from onceq._ledger.rows import Tx, build_row, record_successes
+from onceq._ledger.sql_step import undo_row
+from onceq.errors import LedgerError
+
+if TYPE_CHECKING:
+    pass
+
+# Primary result codes that are the database's trouble, not the message's.
+_DATABASE_FAULTS = {
+    sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_INTERRUPT,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_CORRUPT,
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_PROTOCOL,
+    sqlite3.SQLITE_NOTADB,
+}
+
+
+def database_fault(exc: BaseException) -> bool:
+    """Is `exc` the database's own failure (it would fail any message the same way)?"""
+    code = getattr(exc, "sqlite_errorcode", None)  # not set on the module's own errors
+    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in _DATABASE_FAULTS
+
+
+class _TxGuard:
+    """An authorizer that denies ending the transaction, and remembers an attempt."""
+
+    def __init__(self) -> None:
+        self.tried = False
+
+    def __call__(self, action: int, *_: object) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION:
+            self.tried = True
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+
+class SqliteCommit(GroupCommit):
+    """The SQLite side of the group commit (a base of `onceq._ledger.sqlite.Ledger`)."""
+
+    REJECTS = (sqlite3.IntegrityError,)
+    _tx_guard: _TxGuard | None = None
+
+    if TYPE_CHECKING:
+        _write: sqlite3.Connection
+
+        def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]: ...
+
+    def _build_row(self, e: Entry, now: str) -> str:
+        return build_row(e, self.flow, self.source, now)
+
+    def _attempts(self, attempt: Callable[[], None]) -> None:
+        attempt()
+
+    def _group_transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        return self._transaction()
+
+    @contextlib.contextmanager
+    def _savepoint(self, tx: Tx) -> Iterator[None]:
+        conn = self._write
+        conn.execute("SAVEPOINT entry")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:  # else the transaction is gone: the group fails
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK TO entry")
+                    conn.execute("RELEASE entry")
+            raise
+        conn.execute("RELEASE entry")
+
+    def _row_fault(self, exc: BaseException) -> str | None:
+        cause = exc.__cause__ if isinstance(exc, LedgerError) else exc
+        if not is_data_error(cause):
+            return None
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+
+    def _insert_rows(self, tx: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        return record_successes(tx, group)
+
+    def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
+        """One statement for the whole group; row by row only when refused."""
+        assert sql.bulk is not None
+        conn = self._write
+        try:
+            sql.bulk(conn, won)
+            return
+        except Exception as exc:
+            if not conn.in_transaction or not _bulk_row_fault(exc):
+                raise
+        # A statement that breaks a constraint is undone alone (SQLite keeps the
+        # transaction): find the message it refused, one savepoint each.
+        for e in won:
+            conn.execute("SAVEPOINT onceq_bulk")
+            try:
+                sql.bulk(conn, [e])
+            except Exception as exc:
+                if not conn.in_transaction or not _bulk_row_fault(exc):
+                    raise
+                conn.execute("ROLLBACK TO onceq_bulk")
+                undo_row(self, tx, e)
+                # The presets' wording of 0.1.0: the ledger could not record this message.
+                e._refuse(f"{type(exc).__name__}: {str(exc)[:120]}")
+            conn.execute("RELEASE onceq_bulk")
+
+    @contextlib.contextmanager
+    def _effects_guarded(self, tx: Tx) -> Iterator[None]:
+        self._tx_guard = guard = _TxGuard()
+        self._write.set_authorizer(guard)
+        try:
+            yield
+        finally:
+            self._write.set_authorizer(None)
+            self._tx_guard = None
+
+    def _call_effect(
+        self, tx: Tx, function: Callable[[Any, Any], None], doc: Any
+    ) -> Exception | None:
+        conn = self._write
+        conn.execute("SAVEPOINT onceq_effect")
+        raised: Exception | None = None
+        try:
+            function(conn, doc)
+        except Exception as exc:
+            raised = exc
+        guard = self._tx_guard
+        if (guard is not None and guard.tried) or not conn.in_transaction:
+            raise LedgerError(
+                f"{self.path}: the SQL effect ended the ledger's transaction (it must not"
+                " COMMIT or ROLLBACK: onceq commits its rows with the message's record)"
+            )
+        if raised is None:
+            conn.execute("RELEASE onceq_effect")
+            return None
+        if database_fault(raised):
+            raise raised  # the ledger's trouble: the group fails as one, nothing settles
+        conn.execute("ROLLBACK TO onceq_effect")
+        conn.execute("RELEASE onceq_effect")
+        return raised
+
+
+def _bulk_row_fault(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.IntegrityError) or is_data_error(exc)

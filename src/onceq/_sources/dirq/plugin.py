@@ -1,0 +1,90 @@
+"""The directory queue as a source type: `source = "dirq"` in a flow file, `DirSource` in Python.
+
+Everything the generic layers ask of a directory-queue flow is answered here (its
+flow-file keys, its checks, its workers, its depths for /metrics and `onceq status`,
+its health); the registry (onceq._sources.registry) finds it by `DirSource`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from onceq._core.keys import Mistakes, get
+from onceq._sources.dirq import run
+from onceq._sources.dirq.open import DirFeed
+from onceq._sources.dirq.scan import DirScan, dirq_depths
+from onceq._sources.registry import SourceType
+
+__all__ = ["DIRQ", "DirSource", "DirqType"]
+
+MAX_WORKERS = 64  # a flow file's `workers`: processes on one machine, not a pool size
+
+
+@dataclass(frozen=True)
+class DirSource:
+    """A directory queue at `path`; `workers` consumers on it (each its own claim folder)."""
+
+    path: Path
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+
+class DirqType(SourceType):
+    kind = "dirq"
+    config = DirSource
+    file_keys = frozenset({"path", "workers"})
+
+    def validate(self, source: DirSource, flow: Any, where: str) -> str | None:
+        if not isinstance(source.workers, int) or source.workers < 1:
+            return f"workers must be at least 1, not {source.workers}"
+        if flow.message.id_property:
+            return "id_property is a RabbitMQ property; a file has none"
+        return None
+
+    def copies(self, source: DirSource) -> int:
+        return source.workers
+
+    def from_table(
+        self, table: dict[str, Any], where: str, base: Path, m: Mistakes
+    ) -> DirSource | None:
+        path = get(table, "path", str, m, where, required=True)
+        workers = get(table, "workers", int, m, where, 1)
+        if isinstance(workers, int) and not 1 <= workers <= MAX_WORKERS:
+            m.add(f"{where}.workers", f"must be 1-{MAX_WORKERS}, not {workers}")
+        return DirSource(base / path, workers) if path else None
+
+    def depth_reader(self, flow: Any, transport: Any) -> DirScan:
+        return DirScan(flow.source.path)
+
+    async def status_depths(
+        self, flow: Any, api: str | None, now: datetime
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        # a scandir of a large inbox/ in a thread: status reads every flow at once
+        return await asyncio.to_thread(dirq_depths, flow.source.path, now), None
+
+    def problem(self, flow: Any, transport: Any) -> str | None:
+        root = Path(flow.source.path)
+        if not (root / "inbox").is_dir():
+            return f"queue folder {root} is gone"
+        return None
+
+    def flag_keys(self) -> dict[str, str]:
+        return {"qdir": "path", "workers": "workers"}  # dirq consume QDIR --workers N
+
+    def open(self, flow: Any, until_empty: bool) -> DirFeed:
+        return DirFeed(flow, until_empty)
+
+    def processes(self, source: DirSource) -> int:
+        return source.workers  # `dirq consume --workers N`: N processes, each one consumer
+
+    def fan_out(self, n: int, child: Any, watch: Any, ctx: Any) -> Any:
+        return run.fan_out(n, child, watch, ctx)
+
+
+DIRQ = DirqType()

@@ -1,0 +1,334 @@
+"""One consumer of a directory queue: its claim folder, lock, claims and moves.
+
+    QDIR/inbox/NAME                  S1 queued (producers write .NAME.tmp, fsync, rename)
+    QDIR/processing/w-ID/NAME        S2 claimed by worker ID (the rename that succeeded)
+      … + ledger row committed       S3 effect durable, move pending
+    QDIR/done/NAME                   S4 finished (processed or a duplicate)
+    QDIR/error/NAME + failure row    S5 quarantined
+    QDIR/retry/NAME + failure row    S6 waits for a retry, due at its mtime
+                                        (onceq._sources.dirq.retry_area); claimed like S1
+
+Each consumer claims into a folder of its own, processing/w-ID/, and holds an
+exclusive flock on processing/w-ID/.lock for as long as it lives. The lock, not the
+age of a file, says whether a claimed file has an owner: the kernel drops it when
+the process dies, however it dies (kill -9 included). A consumer that starts takes
+over every processing/w-*/ whose lock it can get, and runs those files again; the
+ledger recognises the ones that were already committed (onceq._sources.dirq.takeover).
+
+Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses).
+After the ledger commit, a group's files are all linked into done/, error/, retry/
+(a transient failure) or back into inbox/ (released untried: the breaker is open),
+those folders are fsynced once, and only then are the claims unlinked.
+
+Claiming takes the due files of retry/ first (oldest due first), then the inbox in
+name order. `deliveries()` ends only when there is nothing left for this consumer:
+nothing claimable, nothing of ours unsettled (a settle may put a file back), and
+nothing waiting in retry/ (it sleeps until the next is due); with `follow` it never
+ends by itself. While paused (the breaker is open) it claims nothing but one file
+per probe(), and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import math
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from onceq._core import faults
+from onceq._core.message import DEFAULT_MAX_BYTES
+from onceq._core.transport import Delivery, Settle
+from onceq._sources.dirq import retry_area
+from onceq._sources.dirq.files import is_message_name, link_no_clobber, open_dir
+from onceq._sources.dirq.queue import FOLDERS, DirQueue
+from onceq._sources.dirq.read import read_claim
+from onceq._sources.dirq.takeover import LOCK, NURSERY, recover, sweep_nurseries
+from onceq.errors import QueueError
+
+__all__ = ["LOCK", "POLL_SECONDS", "Worker"]
+
+POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
+
+
+class Worker:
+    """One consumer's claim folder, lock and the Transport over it.
+
+    `follow`: keep waiting for new files when the queue is empty (a service) instead
+    of ending (a batch: `dirq consume`, `onceq run --until-empty`).
+    """
+
+    # Without a retry policy the loop gives a message this many tries: a directory
+    # queue's transient failure waits in retry/, so the policy (RetryPolicy) decides;
+    # this is only the fallback of a Consumer built without one (the orders preset's
+    # rule: the first failure is quarantined).
+    max_attempts = 1
+
+    def __init__(
+        self, queue: DirQueue, max_bytes: int = DEFAULT_MAX_BYTES, *, follow: bool = False
+    ) -> None:
+        self.queue = queue.check()
+        self.max_bytes = max_bytes  # larger files are never read into memory
+        self.follow = follow
+        self.processing = queue.folder("processing")
+        self.id = f"w-{os.getpid()}-{secrets.token_hex(3)}"
+        self.dir = self.processing / self.id
+        self._dir = os.fspath(self.dir)  # str: the hot path builds paths by f-string
+        self._held: set[str] = set()  # names in our folder, claimed and not yet settled
+        self._lock_fd: int | None = None
+        self._fds: dict[str, int] = {}  # open folders: inbox, done, error, own
+        self._stopped = False
+        self._recovered: list[str] = []
+        self._paused = False
+        self._probes = 0  # files we may claim while paused (the breaker's probe)
+        self._next_due = math.inf  # the earliest future due time we know of in retry/
+        self._changed: asyncio.Event | None = None  # a settle, stop, resume or probe
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def open(self) -> Worker:
+        """Create processing/w-ID/ with its lock already held, then recover the dead."""
+        # Build the folder outside processing/ (QDIR/.w-ID.new), lock it there, then
+        # move it in: a folder in processing/ has its lock held from its first
+        # instant, so no recovering consumer ever mistakes a starting consumer for a
+        # dead one. A kill before the move leaves an empty nursery folder that no
+        # consumer scans for claims; a later one removes it.
+        self._check_writable()
+        try:
+            sweep_nurseries(self.queue.root)
+            tmp = self.queue.root / f".{self.id}{NURSERY}"
+            tmp.mkdir()
+            fd = os.open(tmp / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(tmp, self.dir)
+        except OSError as exc:  # e.g. no room for the claim folder: nothing claimed yet
+            raise QueueError(
+                f"{self.queue.root}: cannot start a consumer here: {exc.strerror}"
+            ) from exc
+        self._lock_fd = fd
+        # Folder descriptors for the hot path: each claim, read and move is a call
+        # relative to an open folder instead of a walk down the whole path.
+        self._fds = {f: open_dir(self.queue.folder(f)) for f in ("inbox", "done", "error")}
+        self._fds["own"] = open_dir(self.dir)
+        self._recovered = recover(self.queue.root, self.processing, self.dir, self._claim)
+        return self
+
+    def _check_writable(self) -> None:
+        """Refuse, before claiming anything, a queue whose folders we cannot change.
+
+        Found only at the first move, a read-only done/ would stop the run with a
+        whole group claimed (safe, but the user's command was refused half-way).
+        """
+        retry = self.queue.folder(retry_area.RETRY)
+        extra = [retry] if retry.is_dir() else []  # created on demand: absent is fine
+        for path in (self.queue.root, *(self.queue.folder(f) for f in FOLDERS), *extra):
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise QueueError(f"{path}: not writable here; a consumer moves files in it")
+
+    def close(self) -> None:
+        """Remove our folder if it is empty (processing/ ends empty), drop the lock."""
+        if self._lock_fd is None:
+            return
+        leftover = [n for n in os.listdir(self.dir) if n != LOCK]
+        if not leftover:
+            os.unlink(self.dir / LOCK)
+            os.rmdir(self.dir)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> Worker:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retry_fd(self, create: bool = False) -> int | None:
+        """retry/'s descriptor; None while the queue has no retry/ (made on demand)."""
+        fd = self._fds.get("retry")
+        if fd is None:
+            fd = retry_area.open_retry(self.queue.root, create)
+            if fd is not None:
+                self._fds["retry"] = fd
+        return fd
+
+    def _claim(self, src: str | Path, name: str, src_dir_fd: int | None = None) -> bool:
+        """rename(2) src (in src_dir_fd) into our folder; False when another consumer won it."""
+        # rename would silently replace a file of the same name that we still hold
+        # (a recovered one, or one claimed earlier and not yet settled). Only this
+        # process writes into its folder, so the set in memory is exact, and it
+        # saves a stat per message.
+        if name in self._held:
+            return False
+        try:
+            os.rename(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=self._fds["own"])
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise QueueError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
+        self._held.add(name)
+        faults.hit("after-claim")
+        return True
+
+    # --- Transport ------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake()
+
+    def pause(self) -> None:
+        """Claim nothing more until resume() (the breaker opened); deliveries() waits."""
+        self._paused = True
+        self._probes = 0
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def probe(self) -> None:
+        """While paused, claim one more file (the breaker's probe)."""
+        self._probes = 1
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _may_claim(self) -> bool:
+        return not self._stopped and (not self._paused or self._probes > 0)
+
+    def _took(self) -> None:
+        if self._paused:
+            self._probes -= 1
+
+    async def _wait(self, seconds: float | None) -> None:
+        """Until a settle, stop, resume or probe, or `seconds` (None: no limit)."""
+        assert self._changed is not None
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        """Recovered files, then due retries and the inbox, until nothing is left (module)."""
+        self._changed = asyncio.Event()
+        for name in self._recovered:
+            # redelivered: this copy may have been handled (even committed) before.
+            yield self._delivery(name, redelivered=True)
+        self._recovered = []
+        inbox = self._fds["inbox"]
+        while not self._stopped:
+            if not self._may_claim():
+                await self._wait(None)  # paused: only resume, probe or stop goes on
+                continue
+            claimed = False
+            retry = self._retry_fd()
+            if retry is not None:
+                due, self._next_due = retry_area.scan(retry, time.time())
+                for name in due:
+                    if not self._may_claim():
+                        break
+                    if self._claim(name, name, retry):
+                        claimed = True
+                        self._took()
+                        yield self._delivery(name)
+            for name in sorted(n for n in os.listdir(inbox) if is_message_name(n)):
+                # A retry that fell due meanwhile goes before the rest of the inbox.
+                if not self._may_claim() or time.time() >= self._next_due:
+                    break
+                if self._claim(name, name, inbox):
+                    claimed = True
+                    self._took()
+                    yield self._delivery(name)
+            if claimed or self._stopped:
+                continue
+            if self._held:
+                await self._wait(None)  # its settle may put a file back (retry/, inbox/)
+            elif self.follow:
+                await self._wait(min(POLL_SECONDS, max(self._next_due - time.time(), 0)))
+            elif not math.isinf(self._next_due):
+                # Only future retries remain: sleep until the first is due.
+                await self._wait(max(self._next_due - time.time(), 0))
+            else:
+                return
+
+    def _delivery(self, name: str, redelivered: bool = False) -> Delivery:
+        return read_claim(name, self._fds["own"], self.max_bytes, redelivered)
+
+    async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
+        """Move each file to done/, error/, retry/ or inbox/ (its record is durable)."""
+        # The moves are system calls that release the GIL: in a thread they run on
+        # the second core while the loop claims and reads the next group.
+        try:
+            due = await asyncio.to_thread(self._move_group, group)
+        finally:
+            self._wake()  # deliveries() may be waiting for these files to settle
+        self._next_due = min(self._next_due, due)
+
+    def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> float:
+        """The moves of one group; returns the earliest due time it put in retry/."""
+        own = self._fds["own"]
+        touched: set[str] = set()
+        to_unlink: list[str] = []
+        now = time.time()
+        earliest = math.inf
+        for d, settle, _reason in group:
+            dest = _DEST[settle]
+            if dest == "retry":
+                # The due time goes on the claimed file BEFORE it has a name in retry/:
+                # no instant shows the file in retry/ without it (it would be due at
+                # once, its old mtime being in the past). A crash before the link
+                # leaves the claim for recovery, which runs it again (early, not lost).
+                due = now + (d.delay if settle is Settle.DELAY else 0.0)
+                retry_area.set_due(d.token, own, due)
+                earliest = min(earliest, due)
+                self._retry_fd(create=True)
+            try:
+                _, linked = link_no_clobber(
+                    d.token, d.ref, src_dir_fd=own, dst_dir_fd=self._fds[dest]
+                )
+            except OSError as exc:
+                # The records are durable and the claims stay in our folder: the next
+                # run takes them over and finishes these moves (nothing lost, nothing
+                # applied twice). The run stops: every later move would fail alike.
+                raise QueueError(
+                    f"{self.queue.folder(dest)}: cannot move {d.ref} there: {exc.strerror};"
+                    " the claimed files wait in processing/ for the next run"
+                ) from exc
+            if linked:
+                to_unlink.append(d.token)
+            touched.add(dest)
+            # Linked, not yet fsynced nor unlinked: the file is in two places.
+            faults.hit("after-retry-link" if dest == "retry" else "mid-settle")
+        # The new names are durable before any old one goes (one fsync per folder
+        # per group, not per file): a power cut can leave a file in both places,
+        # which recovery finishes like a crash between link and unlink, but never
+        # in neither.
+        for folder in touched:
+            os.fsync(self._fds[folder])
+        for name in to_unlink:
+            os.unlink(name, dir_fd=own)
+        # Our own folder is not fsynced: an unlink lost to a power cut leaves the
+        # same inode in done/ and here, and the next consumer only drops this name
+        # (or, for retry/ and inbox/, `takeover.finish_move` does).
+        # Forgotten only once gone from our folder: until then a claim of the same
+        # name must not rename over it.
+        self._held.difference_update(d.ref for d, _, _ in group)
+        return earliest
+
+
+# Where a settled file goes. The directory queue's own retry: a transient failure
+# waits in retry/ (never back in the inbox, where it would be claimed again at once:
+# the poison loop); what the breaker held untried goes back to the inbox as it was.
+_DEST = {
+    Settle.ACK: "done",
+    Settle.DEAD: "error",
+    Settle.DELAY: "retry",
+    Settle.REQUEUE: "retry",
+    Settle.RELEASE: "inbox",
+}

@@ -1,0 +1,157 @@
+"""The source types: what the generic layers ask of a kind of source.
+
+A flow's `source` is a configuration object (`DirSource`, `RabbitSource`) or a
+transport object a library user built (`MemoryTransport`, their own). Each kind has
+one `SourceType` in its own package, holding everything about itself; the generic
+layers (flows, ops, the CLI's generic commands) ask this registry for the flow's
+type and call it, and never test a source's class or kind themselves. A new kind of
+source is a package with a `SourceType` and one line in `BUILTIN` (or a `register()`
+call from the user's code or a test): no module of core, ledger, effects, flows or
+ops changes.
+
+Types are found by the class of the flow's source object (`of`) or by the name a
+flow file writes (`named`). The built-in types load on first use, so `onceq --help`
+does not import aio-pika.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceq._sources.feed import Feed
+
+if TYPE_CHECKING:
+    from onceq._core.keys import Mistakes
+
+__all__ = ["BUILTIN", "SourceType", "kinds", "named", "of", "register", "types"]
+
+
+class SourceType:
+    """One kind of source, as the generic layers see it. Subclasses override what they have.
+
+    `kind` is the flow file's `source = "…"` and the ledger's `source` tag of a flow's
+    rows; `config` the class of a flow's `source` object (None: any object `accepts`).
+    """
+
+    kind: str = ""
+    config: type | None = None
+    # A kind users name (a flow file's `source`, `onceq status`'s "source"); False for
+    # a library's own transport object.
+    public: bool = True
+    # The flow-file keys of this kind's section, beside the keys every flow has.
+    file_keys: frozenset[str] = frozenset()
+
+    def accepts(self, source: object) -> bool:
+        return self.config is not None and isinstance(source, self.config)
+
+    # -- a flow -------------------------------------------------------------------
+    def validate(self, source: Any, flow: Any, where: str) -> str | None:
+        """What is wrong with this source in `flow` (one line after `where: `), or None."""
+        return None
+
+    def copies(self, source: Any) -> int:
+        """Consumers of this source one run starts in this process (dirq: its workers)."""
+        return 1
+
+    def from_table(self, table: dict[str, Any], where: str, base: Path, m: Mistakes) -> Any | None:
+        """The source object a flow file's section describes; mistakes go into `m`."""
+        raise NotImplementedError(f"a {self.kind} source cannot be written in a flow file")
+
+    # -- what ops reads -------------------------------------------------------------
+    def depth_reader(self, flow: Any, transport: Any) -> Any | None:
+        """The reader of this flow's queue depths for /metrics, or None (none to read)."""
+        return None
+
+    async def status_depths(
+        self, flow: Any, api: str | None, now: datetime
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """(the queue's depths for `onceq status`, None) or (None, why there are none)."""
+        return None, "not a queue onceq status can read (a library transport)"
+
+    def problem(self, flow: Any, transport: Any) -> str | None:
+        """Why this flow's running consumer is unhealthy for /healthz, from its source, or None."""
+        return None
+
+    # -- the command line -------------------------------------------------------------
+    def flag_keys(self) -> dict[str, str]:
+        """{click's parameter name: this kind's flow key} for its consume command's
+        flags (`--workers` → `workers`): the flags feed the same builder as a flow file."""
+        return {}
+
+    # -- a run (onceq._flows.runner) ------------------------------------------------------
+    def open(self, flow: Any, until_empty: bool) -> Feed:
+        """The flow's source opened for one consumer of a run: what the runner drives.
+
+        The base: a library user's own transport object, run as it is.
+        """
+        return Feed(flow.source)
+
+    def processes(self, source: Any) -> int:
+        """Consumer processes a run of this one flow forks (`dirq consume --workers N`)."""
+        return 1
+
+    def fan_out(self, n: int, child: Callable[..., Any], watch: Any, ctx: Any) -> Any:
+        """Run `child(i, report)` in n processes: (the summed Stats, the first stop signal
+        or None); `watch` is the parent's telemetry (onceq._sources.dirq.run.fan_out)."""
+        raise NotImplementedError(f"a {self.kind} source runs in one process")
+
+
+# kind -> "module:attribute" of its SourceType instance, imported on first use.
+BUILTIN: dict[str, str] = {
+    "dirq": "onceq._sources.dirq.plugin:DIRQ",
+    "rabbitmq": "onceq._sources.amqp.plugin:RABBITMQ",
+    "transport": "onceq._sources.library:TRANSPORT",
+}
+
+_loaded: dict[str, SourceType] = {}
+_order: list[str] = []  # registration order, the built-in kinds first
+
+
+def register(source_type: SourceType) -> SourceType:
+    """Add (or replace) a source type; returns it, so it can decorate an instance."""
+    if not source_type.kind:
+        raise ValueError("a SourceType needs a kind")
+    _load_builtin()  # the built-in kinds first, in every list a user reads
+    if source_type.kind not in _loaded:
+        _order.append(source_type.kind)
+    _loaded[source_type.kind] = source_type
+    return source_type
+
+
+def _load_builtin() -> None:
+    for kind, where in BUILTIN.items():
+        if kind in _loaded:
+            continue
+        module, _, attr = where.partition(":")
+        _loaded[kind] = getattr(importlib.import_module(module), attr)
+        _order.append(kind)
+
+
+def types() -> list[SourceType]:
+    """Every registered type, the most specific first (the generic transport last)."""
+    _load_builtin()
+    return sorted((_loaded[k] for k in _order), key=lambda t: t.config is None)
+
+
+def named(kind: str) -> SourceType | None:
+    """The type a flow file names (`source = "dirq"`), or None."""
+    _load_builtin()
+    return _loaded.get(kind)
+
+
+def of(source: object) -> SourceType | None:
+    """The type of a flow's source object, or None (not a source at all)."""
+    for t in types():
+        if t.accepts(source):
+            return t
+    return None
+
+
+def kinds() -> list[str]:
+    """The kinds a user can name, in registration order (for a flow file's error message)."""
+    _load_builtin()
+    return [k for k in _order if _loaded[k].public]
