@@ -323,7 +323,7 @@ def test_lag_does_not_import_rich(tmp_path: Path) -> None:
     q = _lag_queue(tmp_path)
     imported = _imported_modules("dirq", "lag", str(q), "9")
     # The probe itself works (at whatever depth: a command module may import it first).
-    assert re.search(r"\| +onceq\.sources\.dirq\.queue$", imported, re.MULTILINE)
+    assert re.search(r"\| +onceq\._sources\.dirq\.queue$", imported, re.MULTILINE)
     assert "rich" not in imported
 
 
