@@ -37,7 +37,7 @@ def everywhere(url: str, db: Path) -> Counter[str]:
     """Copies of each message_id in the flow's queues (work, tiers, dead) and the ledger."""
     found: Counter[str] = Counter()
     names = [
-        q for q in queues(url) if q == "claim.in" or q.startswith(("claim.retry.", "claim.dead"))
+        q for q in queues(url, exact=True) if q == "claim.in" or q.startswith(("claim.retry.", "claim.dead"))
     ]
     for q in names:
         found.update(ids_in(url, q))
@@ -82,7 +82,7 @@ def test_kill_9_during_replay_loses_nothing(amqp_url: str, tmp_path: Path) -> No
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=60)
             # The broker requeues what the dead connection held unacked.
-            wait_for(lambda: all(u == 0 for _m, u in queues(amqp_url).values()), 30)
+            wait_for(lambda: all(u == 0 for _m, u in queues(amqp_url, exact=True).values()), 30)
             found = everywhere(amqp_url, db)
             lost = [g for g in guids if found[g] == 0]
             assert not lost, f"seed {seed} run {run}: lost {lost[:5]} ({len(lost)})"

@@ -70,7 +70,7 @@ def test_killed_between_the_copys_confirm_and_the_ack_loses_nothing(
                     ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
         assert first.returncode == -9, (first.returncode, first.stderr)
         # The broker saw the connection die: what was unacked is back in claim.in.
-        wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=30, step=0.3)
+        wait_for(lambda: queues(amqp_url, exact=True)["claim.in"][1] == 0, timeout=30, step=0.3)
         after_kill = _inventory(amqp_url, db)
         # Nothing lost: every message is somewhere; a copy in flight is there twice.
         assert set(after_kill) == set(good) | set(busy), after_kill
@@ -91,4 +91,4 @@ def test_killed_between_the_copys_confirm_and_the_ack_loses_nothing(
     # kill may be dead twice (its original and its copy), never zero times.
     final = _inventory(amqp_url, db)
     assert {g: final[g] for g in busy} == {g: 2 if g in doubled else 1 for g in busy}
-    assert queues(amqp_url)["claim.in"] == (0, 0) and queues(amqp_url)[TIER] == (0, 0)
+    assert queues(amqp_url, exact=True)["claim.in"] == (0, 0) and queues(amqp_url, exact=True)[TIER] == (0, 0)

@@ -60,7 +60,7 @@ def test_signal_mid_run_exits_0_and_loses_nothing(
     # The calls in flight at the signal finished and were recorded and acked; nothing
     # more was taken: every other message is back in claim.in.
     assert done == in_flight
-    assert queues(amqp_url)["claim.in"] == (n - prefetch, 0)
+    assert queues(amqp_url, exact=True)["claim.in"] == (n - prefetch, 0)
     assert stats["total"] == prefetch and set(stats["by_guid"].values()) == {1}
     assert summary["processed"] == prefetch and summary["unsettled"] == 0
 
@@ -92,7 +92,7 @@ def test_dropped_connection_reconnects_and_finishes_each_claim_once(
         wait_for(lambda: _connections(amqp_url) not in ([], pids), timeout=30, step=0.3)
         assert p.release() == prefetch  # now the held calls answer 201
         wait_for(lambda: count(db, "processed") == n, timeout=60)
-        wait_for(lambda: queues(amqp_url)["claim.in"] == (0, 0), timeout=30, step=0.3)
+        wait_for(lambda: queues(amqp_url, exact=True)["claim.in"] == (0, 0), timeout=30, step=0.3)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         stats = p.stats()
@@ -100,7 +100,7 @@ def test_dropped_connection_reconnects_and_finishes_each_claim_once(
     assert stats["total"] == n, stats  # each guid called exactly once …
     assert set(stats["by_guid"].values()) == {1}
     assert rows(db, "SELECT count(*) FROM processed") == [(n,)]  # … recorded …
-    assert queues(amqp_url)["claim.in"] == (0, 0)  # … and acked
+    assert queues(amqp_url, exact=True)["claim.in"] == (0, 0)  # … and acked
     assert "Traceback" not in err
     summary = json.loads(out)
     assert summary["processed"] == n
@@ -201,7 +201,7 @@ def test_a_second_signal_stops_at_once_and_loses_nothing(
     assert took < 15, took  # the first signal alone waits the grace: --timeout 30 + 5 s
     assert "second signal" in err and json.loads(out)["aborted"] is True
     # Nothing settled, nothing recorded: all three are back in claim.in.
-    wait_for(lambda: queues(amqp_url)["claim.in"] == (3, 0), timeout=10)
+    wait_for(lambda: queues(amqp_url, exact=True)["claim.in"] == (3, 0), timeout=10)
     assert rows(db, "SELECT count(*) FROM processed") == [(0,)]
 
 
@@ -251,7 +251,7 @@ def test_sigterm_while_disconnected_exits_at_once(amqp_url: str, tmp_path: Path)
     assert summary["processed"] == len(done)
     # Each message is recorded or back in claim.in; those recorded whose ack died with
     # the connection are back too (the ledger skips them next time).
-    ready = queues(amqp_url)["claim.in"]
+    ready = queues(amqp_url, exact=True)["claim.in"]
     assert ready == (n - len(done) + summary["unsettled"], 0), (ready, summary)
 
 
@@ -275,7 +275,7 @@ def test_kill_9_mid_run_loses_nothing_and_a_restart_finishes(amqp_url: str, tmp_
         proc.kill()
         proc.communicate(timeout=10)
         before = {r[0] for r in rows(db, "SELECT msg_id FROM processed")}
-        wait_for(lambda: queues(amqp_url)["claim.in"][1] == 0, timeout=10)  # unacked return
+        wait_for(lambda: queues(amqp_url, exact=True)["claim.in"][1] == 0, timeout=10)  # unacked return
         p.release()  # the dead consumer's calls are answered, to nobody
         rest = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
         try:
@@ -287,7 +287,7 @@ def test_kill_9_mid_run_loses_nothing_and_a_restart_finishes(amqp_url: str, tmp_
     assert rest.returncode == 0, err
     assert before == first
     assert {r[0] for r in rows(db, "SELECT msg_id FROM processed")} == {f"k-{i}" for i in range(n)}
-    assert queues(amqp_url)["claim.in"] == (0, 0)
+    assert queues(amqp_url, exact=True)["claim.in"] == (0, 0)
     twice = {g for g, c in stats["by_guid"].items() if c > 1}
     assert twice == in_flight and set(stats["by_guid"].values()) == {1, 2}, stats
     assert json.loads(out)["processed"] == n - prefetch

@@ -164,7 +164,7 @@ def check_end(pg_url: str, guids: list[str], calls: dict[str, int], amqp_url: st
         failures = conn.execute("SELECT count(*) FROM onceq.failures").fetchone()
     assert ids == guids and failures == (0,)
     assert calls == dict.fromkeys(guids, 1)  # none called twice, none skipped
-    assert all(v == (0, 0) for v in queues(amqp_url).values()), queues(amqp_url)
+    assert all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), queues(amqp_url, exact=True)
 
 
 def test_a_ledger_lost_mid_run_holds_the_commits_and_loses_nothing(
@@ -183,7 +183,7 @@ def test_a_ledger_lost_mid_run_holds_the_commits_and_loses_nothing(
                 cpu, wall = outage(run, p, since, settle_s=1.0)
             back = time.monotonic()
             wait_for(lambda: recorded(pg_url) == n, 60)
-            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url).values()), 60)
+            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), 60)
             drained = time.monotonic() - back
             outs, errs = run.stop()
         finally:
@@ -219,12 +219,12 @@ def test_claims_arriving_while_the_ledger_is_away_are_held_and_the_consumer_paus
                 publish(amqp_url, tmp_path / "c", guids)
                 # Held and given back untried; paused: no consumer, everything ready.
                 wait_for(lambda: consumers(amqp_url) == 0, DOWN_S - 1)
-                wait_for(lambda: queues(amqp_url)["claim.in"] == (n, 0), DOWN_S - 1)
+                wait_for(lambda: queues(amqp_url, exact=True)["claim.in"] == (n, 0), DOWN_S - 1)
                 cpu, wall = outage(run, p, since, settle_s=0.0)
-                assert queues(amqp_url)["claim.in"] == (n, 0)  # no redelivery storm
+                assert queues(amqp_url, exact=True)["claim.in"] == (n, 0)  # no redelivery storm
             back = time.monotonic()
             wait_for(lambda: recorded(pg_url) == n, 60)
-            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url).values()), 60)
+            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), 60)
             drained = time.monotonic() - back
             outs, errs = run.stop()
         finally:

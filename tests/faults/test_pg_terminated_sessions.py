@@ -52,7 +52,7 @@ def test_terminated_sessions_print_onceqs_lines_and_no_psycopg_noise(
                 terminated += _terminate_all(db)
                 time.sleep(0.15)
             wait_for(lambda: recorded(pg_url) == n, 60)
-            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url).values()), 60)
+            wait_for(lambda: all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), 60)
             outs, errs = run.stop()
         finally:
             run.close()
