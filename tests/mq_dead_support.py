@@ -16,13 +16,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli_support import invoke
 from mq_support import claim_doc, get_all, publish, queues, write_claims
 
 
 def run_dead(
     url: str, *args: str, cwd: Path | None = None, stdin: Any = subprocess.DEVNULL
 ) -> subprocess.CompletedProcess[str]:
-    """`onceq mq dead ARGS` as a user runs it; no terminal on stdin unless given one."""
+    """`onceq mq dead ARGS` as a user runs it; no terminal on stdin unless given one.
+
+    With no stdin given it runs in this process (cli_support.invoke: same entry point,
+    streams and exit codes, 0.5 s of CPU less than a child); a terminal needs a child.
+    """
+    if stdin is subprocess.DEVNULL:
+        return invoke("mq", "dead", *args, env={"EAI_AMQP_URL": url}, cwd=cwd)
     return subprocess.run(
         [sys.executable, "-m", "onceq", "mq", "dead", *args],
         capture_output=True,
