@@ -37,7 +37,9 @@ def everywhere(url: str, db: Path) -> Counter[str]:
     """Copies of each message_id in the flow's queues (work, tiers, dead) and the ledger."""
     found: Counter[str] = Counter()
     names = [
-        q for q in queues(url, exact=True) if q == "claim.in" or q.startswith(("claim.retry.", "claim.dead"))
+        q
+        for q in queues(url, exact=True)
+        if q == "claim.in" or q.startswith(("claim.retry.", "claim.dead"))
     ]
     for q in names:
         found.update(ids_in(url, q))

@@ -91,4 +91,6 @@ def test_killed_between_the_copys_confirm_and_the_ack_loses_nothing(
     # kill may be dead twice (its original and its copy), never zero times.
     final = _inventory(amqp_url, db)
     assert {g: final[g] for g in busy} == {g: 2 if g in doubled else 1 for g in busy}
-    assert queues(amqp_url, exact=True)["claim.in"] == (0, 0) and queues(amqp_url, exact=True)[TIER] == (0, 0)
+    assert queues(amqp_url, exact=True)["claim.in"] == (0, 0) and queues(amqp_url, exact=True)[
+        TIER
+    ] == (0, 0)

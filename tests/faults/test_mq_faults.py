@@ -275,7 +275,9 @@ def test_kill_9_mid_run_loses_nothing_and_a_restart_finishes(amqp_url: str, tmp_
         proc.kill()
         proc.communicate(timeout=10)
         before = {r[0] for r in rows(db, "SELECT msg_id FROM processed")}
-        wait_for(lambda: queues(amqp_url, exact=True)["claim.in"][1] == 0, timeout=10)  # unacked return
+        wait_for(
+            lambda: queues(amqp_url, exact=True)["claim.in"][1] == 0, timeout=10
+        )  # unacked return
         p.release()  # the dead consumer's calls are answered, to nobody
         rest = start_consumer(amqp_url, p.url, db, "--prefetch", str(prefetch))
         try:

@@ -164,7 +164,9 @@ def check_end(pg_url: str, guids: list[str], calls: dict[str, int], amqp_url: st
         failures = conn.execute("SELECT count(*) FROM onceq.failures").fetchone()
     assert ids == guids and failures == (0,)
     assert calls == dict.fromkeys(guids, 1)  # none called twice, none skipped
-    assert all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), queues(amqp_url, exact=True)
+    assert all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), queues(
+        amqp_url, exact=True
+    )
 
 
 def test_a_ledger_lost_mid_run_holds_the_commits_and_loses_nothing(

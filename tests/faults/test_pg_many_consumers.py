@@ -135,7 +135,9 @@ def test_four_consumers_two_killed_every_claim_once(
         dead = conn.execute("SELECT count(*) FROM onceq.failures").fetchone()
     # Every claim recorded exactly once, none failed, nothing left anywhere.
     assert ids == guids and dead == (0,)
-    assert all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), queues(amqp_url, exact=True)
+    assert all(v == (0, 0) for v in queues(amqp_url, exact=True).values()), queues(
+        amqp_url, exact=True
+    )
     # Partner calls: once per claim, but for the kills' windows (call made, not committed).
     calls = stats["by_guid"]
     assert sorted(calls) == guids

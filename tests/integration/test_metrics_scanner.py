@@ -32,15 +32,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _scanner_of(pid: int) -> int:
-    for child in _children(pid):
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if b"onceq._sources.dirq.scanner" in cmd:
-            return child
-    raise AssertionError(f"no scanner child of {pid}: {_children(pid)}")
+def _scanner_of(pid: int, timeout: float = 30) -> int:
+    """The scanner child's pid. Waited for: between its fork and its exec a child still
+    shows its parent's command line, a moment that lasts on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for child in _children(pid):
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"onceq._sources.dirq.scanner" in cmd:
+                return child
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no scanner child of {pid}: {_children(pid)}")
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+# exact=True: a probe's basic.get message is unacked with no consumer registered, which
+# only rabbitmqctl counts (tests/mq_support.queues).
 from mq_support import cli, consumers, queues
 from onceq._core.transport import Delivery, Settle
 from onceq._sources.amqp.transport import AmqpTransport
@@ -73,7 +75,7 @@ def test_pause_returns_what_was_prefetched_probe_takes_one_resume_consumes(url: 
         done: list[str] = []
         try:
             first = await _next(it)
-            await _until(lambda: queues(url)["claim.in"] == (10, 3))  # prefetch 3 out
+            await _until(lambda: queues(url, exact=True)["claim.in"] == (10, 3))  # prefetch 3 out
             t.pause()
             # The loop gives back what it holds (the breaker's RELEASE: untried).
             await t.settle([(first, Settle.RELEASE, "")])
@@ -81,11 +83,13 @@ def test_pause_returns_what_was_prefetched_probe_takes_one_resume_consumes(url: 
                 await t.settle([(await _next(it), Settle.RELEASE, "")])
             # Nothing sits prefetched while paused: no consumer, nothing unacked; what
             # arrived for the cancelled consumer was given back by the recover.
-            await _until(lambda: consumers(url) == 0 and queues(url)["claim.in"] == (10, 0))
+            await _until(
+                lambda: consumers(url) == 0 and queues(url, exact=True)["claim.in"] == (10, 0)
+            )
             # A probe: exactly one message, by basic.get, no consumer.
             t.probe()
             probe = await _next(it)
-            await _until(lambda: queues(url)["claim.in"] == (10, 1))
+            await _until(lambda: queues(url, exact=True)["claim.in"] == (10, 1))
             assert consumers(url) == 0 and t._buffer.empty()
             await t.settle([(probe, Settle.ACK, "")])
             done.append(probe.headers["message_id"])
@@ -95,7 +99,9 @@ def test_pause_returns_what_was_prefetched_probe_takes_one_resume_consumes(url: 
                 d = await _next(it)
                 await t.settle([(d, Settle.ACK, "")])
                 done.append(d.headers["message_id"])
-            await _until(lambda: queues(url)["claim.in"] == (0, 0) and consumers(url) == 1)
+            await _until(
+                lambda: queues(url, exact=True)["claim.in"] == (0, 0) and consumers(url) == 1
+            )
         finally:
             t.stop()
             await t.close()
@@ -118,9 +124,9 @@ def test_a_probe_on_an_empty_queue_takes_the_next_message_that_arrives(url: str)
             # Nothing to take yet (a partner outage empties the queue into the tiers).
             await asyncio.to_thread(_publish, url, 3)
             d = await _next(it)
-            await _until(lambda: queues(url)["claim.in"] == (3, 1))  # one, not three
+            await _until(lambda: queues(url, exact=True)["claim.in"] == (3, 1))  # one, not three
             await t.settle([(d, Settle.RELEASE, "")])
-            await _until(lambda: queues(url)["claim.in"] == (3, 0))
+            await _until(lambda: queues(url, exact=True)["claim.in"] == (3, 0))
             return str(d.headers["message_id"])
         finally:
             t.stop()
