@@ -16,6 +16,7 @@ anywhere but PATH/src is refused, so a stale install can never pass for the othe
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -113,6 +114,23 @@ def open_checkout(path: str | Path) -> Checkout:
             f" {done.stdout.strip() or done.stderr.strip()[-300:]}, not from {root / 'src'}"
         )
     return co
+
+
+# The restructuring of issue 18 moved every internal module (onceq.dirq.run,
+# onceq.amqp.publisher … became onceq._exercise.dirq_batch, onceq._sources.amqp.publisher …):
+# a bench's onceq side uses `import onceq` or the CLI, which did not move, wherever they
+# do the same work; the few steps that have no public form name both homes, this
+# checkout's first, and this finds whichever the checkout running it has.
+def internal(new: str, old: str) -> Any:
+    """The object at "module:name" `new` (this layout), else at `old` (54cd683 and before)."""
+    for where in (new, old):
+        module, _, name = where.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as exc:  # only the module asked for may be missing
+            if not exc.name or not (module + ".").startswith(exc.name + "."):
+                raise
+    raise ImportError(f"bench: neither {new} nor {old} in this onceq")
 
 
 def add_argument(parser: Any) -> None:

@@ -29,12 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import compare
 import pg_common
-
-if TYPE_CHECKING:
-    from compare import Checkout
 
 HOST = "127.0.0.1"
 BROKER = (HOST, 5672)
@@ -168,8 +166,12 @@ def write_claims(folder: Path, n: int, tag: str = "c") -> list[Path]:
 
 def publish(vhost: Vhost, paths: list[Path]) -> None:
     """Queue the claims through onceq's publisher (set-up, not measured)."""
-    from onceq._sources.amqp.publisher import load_claims
-    from onceq._sources.amqp.publisher import publish as do_publish
+    load_claims = compare.internal(
+        "onceq._sources.amqp.publisher:load_claims", "onceq.amqp.publisher:load_claims"
+    )
+    do_publish = compare.internal(
+        "onceq._sources.amqp.publisher:publish", "onceq.amqp.publisher:publish"
+    )
 
     report = asyncio.run(do_publish(vhost.url, load_claims(paths)))
     if report.published != len(paths):
@@ -365,7 +367,7 @@ def run_consumer(
     n: int,
     prefetch: int,
     limit: float = 150,
-    checkout: Checkout | None = None,
+    checkout: compare.Checkout | None = None,
     log: Path | None = None,
     before_stop: Callable[[], None] | None = None,
     extra: tuple[str, ...] = (),

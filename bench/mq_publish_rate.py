@@ -54,8 +54,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiormq
+import aiormq.exceptions
+from pamqp.commands import Basic
+
 import compare
 import mq_common as mc
+
+# onceq's publisher, what `onceq mq publish` runs (no public form but the CLI), and the
+# libraries it imports on first use (above): imported now, so that neither this process
+# nor a --compare child, which starts cold for every run, times an import.
+load_claims = compare.internal(
+    "onceq._sources.amqp.publisher:load_claims", "onceq.amqp.publisher:load_claims"
+)
+publish = compare.internal("onceq._sources.amqp.publisher:publish", "onceq.amqp.publisher:publish")
 
 
 def baseline(vhost: mc.Vhost, paths: list[Path]) -> None:
@@ -84,8 +96,6 @@ def baseline(vhost: mc.Vhost, paths: list[Path]) -> None:
 
 def ceiling(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
     """Windowed confirms with nothing else: aiormq, read, guid, publish, await the confirm."""
-    import aiormq
-    from pamqp.commands import Basic
 
     async def run() -> int:
         connection = await aiormq.connect(vhost.url)
@@ -121,8 +131,6 @@ def ceiling(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
 
 
 def ours_library(vhost: mc.Vhost, paths: list[Path], window: int) -> None:
-    from onceq._sources.amqp.publisher import load_claims, publish
-
     report = asyncio.run(publish(vhost.url, load_claims(paths), window=window))
     assert report.published == len(paths)
 

@@ -1,7 +1,7 @@
 """The PostgreSQL ledger against the SQLite one, each between its ceilings, in one run.
 
     python bench/pg_ledger.py [--messages 3000] [--dirq-messages 10000] [--rounds 2]
-                              [--prefetch 5,20] [--parts mq,dirq]
+                              [--prefetch 5,20] [--parts mq,dirq] [--compare PATH]
 
 Two parts, each side by side in interleaved rounds (the best of each row shown):
 
@@ -29,6 +29,10 @@ the consumer, the broker, the stub and PostgreSQL share the same cores, so where
 CPU goes is what the rates come from. PostgreSQL is the server named by ONCEQ_BENCH_PG
 (default postgresql://postgres@127.0.0.1:5432/postgres); each run's database is
 dropped afterwards. Exits 1 when a target is missed.
+
+--compare PATH runs the PostgreSQL rows a second time with the checkout at PATH (its
+interpreter, its code; see bench/compare.py), in the same interleaved rounds:
+before/after in one run. Its rows are shown against this checkout's SQLite row.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import compare
 import dirq_throughput as dt
 import mq_common as mc
 import pg_common as pc
@@ -57,8 +62,16 @@ class MqRun:
     pg_cpu: float | None = None  # the ledger's server processes over the run (PostgreSQL)
 
 
-def mq_once(vhost: mc.Vhost, claim: str, work: Path, n: int, prefetch: int, key: str) -> MqRun:
-    """One side over n freshly queued claims."""
+def mq_once(
+    vhost: mc.Vhost,
+    claim: str,
+    work: Path,
+    n: int,
+    prefetch: int,
+    key: str,
+    checkout: compare.Checkout | None = None,
+) -> MqRun:
+    """One side over n freshly queued claims (with `checkout`: that checkout's consumer)."""
     mc.publish(vhost, mc.write_claims(work / f"claims-{key}", n, key))
     mc.stub_reset(claim)
     if key.startswith("ceil"):
@@ -76,7 +89,7 @@ def mq_once(vhost: mc.Vhost, claim: str, work: Path, n: int, prefetch: int, key:
         after: dict[int, float] = {}
         run = mc.run_consumer(
             vhost, claim, url, n, prefetch, log=work / f"{key}.stderr",
-            before_stop=lambda: after.update(pc.server_cpu(url)),
+            before_stop=lambda: after.update(pc.server_cpu(url)), checkout=checkout,
         )  # fmt: skip
         mc.check_drained(vhost, claim, n, key)
         if pc.ledger_count(url, "messages") != n:
@@ -84,8 +97,10 @@ def mq_once(vhost: mc.Vhost, claim: str, work: Path, n: int, prefetch: int, key:
     return MqRun(run.span, run.cpu, pc.cpu_since(before, after))
 
 
-def mq_part(n: int, prefetch: int, rounds: int) -> dict[str, MqRun]:
-    keys = ["ceil", "sqlite", "pg"]
+def mq_part(
+    n: int, prefetch: int, rounds: int, other: compare.Checkout | None = None
+) -> dict[str, MqRun]:
+    keys = ["ceil", "sqlite", "pg", *(["pg@other"] if other else [])]
     best: dict[str, MqRun] = {}
     with (
         tempfile.TemporaryDirectory(prefix="onceq-bench-") as tmp,
@@ -101,13 +116,16 @@ def mq_part(n: int, prefetch: int, rounds: int) -> dict[str, MqRun]:
         for r in range(rounds):
             shift = r % len(keys)  # each round starts one side later (see mq_end_to_end)
             for key in keys[shift:] + keys[:shift]:
-                run = mq_once(vhost, claim, Path(tmp), n, prefetch, f"{key}-{r}")
+                checkout = other if key.endswith("@other") else None
+                run = mq_once(vhost, claim, Path(tmp), n, prefetch, f"{key}-{r}", checkout)
                 if key not in best or run.span.rate > best[key].span.rate:
                     best[key] = run
     return best
 
 
-def mq_report(best: dict[str, MqRun], n: int, prefetch: int) -> float:
+def mq_report(
+    best: dict[str, MqRun], n: int, prefetch: int, other: compare.Checkout | None = None
+) -> float:
     ceil = best["ceil"].span.rate
     sqlite = best["sqlite"].span.rate
 
@@ -131,24 +149,27 @@ def mq_report(best: dict[str, MqRun], n: int, prefetch: int) -> float:
             row(f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", "ceil"),
             row(f"onceq mq consume --prefetch {prefetch} --db ./x.db (SQLite)", "sqlite"),
             row(f"onceq mq consume --prefetch {prefetch} --db postgresql://…", "pg"),
+            *([row(f"  the same, {other.label}", "pg@other")] if other else []),
         ],
     )  # fmt: skip
     print(" (consumer CPU: its process, start-up included; the ceiling's: the bench process)")
+    if other:
+        this_other = best["pg"].span.rate / best["pg@other"].span.rate
+        print(f"\nthis / {other.label}, PostgreSQL: {this_other:.2f}")
     return best["pg"].span.rate / sqlite
 
 
 # --- dirq -------------------------------------------------------------------------------
 
 
-def dirq_pg(base: Path, label: str, n: int, workers: int) -> float:
-    """dirq_throughput.measure into a new PostgreSQL database (made and dropped untimed)."""
-    root = dt.make_queue(base / label, n)
+def dirq_pg(base: Path | str, label: str, n: int, workers: int) -> float:
+    """dirq_throughput.measure into a new PostgreSQL database (made and dropped untimed).
+
+    What a --compare child calls (bench/compare.py), `base` then a string."""
+    root = dt.make_queue(Path(base) / label, n)
     with pc.temp_database("dirq") as url:
         t0 = time.perf_counter()
-        if workers == 1:
-            handled = dt.consume(root, url).received
-        else:
-            handled = dt.consume(root, url, workers=workers).received
+        handled = dt.consume(root, url, workers=workers).received
         elapsed = time.perf_counter() - t0
         rows, distinct = pc.ledger_count(url, "messages"), len(set(dt.message_ids(n)))
     done = len(os.listdir(root / "done"))
@@ -159,14 +180,21 @@ def dirq_pg(base: Path, label: str, n: int, workers: int) -> float:
     return n / elapsed
 
 
-def dirq_part(n: int, rounds: int) -> dict[str, float]:
+def dirq_part(n: int, rounds: int, other: compare.Checkout | None = None) -> dict[str, float]:
     base = Path(tempfile.mkdtemp(prefix="onceq-bench-"))
+
+    def remote(workers: int) -> Callable[[str], float]:
+        assert other is not None
+        return lambda label: float(other.call("pg_ledger", "dirq_pg", str(base), label, n, workers))
+
     runs: list[tuple[str, Callable[[str], float]]] = [
         ("ceiling", lambda label: dt.measure(base, label, n, dt.ceiling)),
         ("sqlite", lambda label: dt.measure(base, label, n, dt.ours)),
         ("pg", lambda label: dirq_pg(base, label, n, 1)),
+        *([("pg@other", remote(1))] if other else []),
         ("sqlite_2", lambda label: dt.measure(base, label, n, dt.ours_2)),
         ("pg_2", lambda label: dirq_pg(base, label, n, 2)),
+        *([("pg_2@other", remote(2))] if other else []),
     ]
     best = dict.fromkeys((key for key, _ in runs), 0.0)
     try:
@@ -179,14 +207,16 @@ def dirq_part(n: int, rounds: int) -> dict[str, float]:
     return best
 
 
-def dirq_report(best: dict[str, float]) -> float:
+def dirq_report(best: dict[str, float], other: compare.Checkout | None = None) -> float:
     ceil = best["ceiling"]
     rows = [
         ("ceiling (same steps, no fsync, 1 proc)", "ceiling", "ceiling"),
         ("onceq dirq consume, SQLite", "sqlite", "sqlite"),
         ("onceq dirq consume, PostgreSQL", "pg", "sqlite"),
+        *([(f"  the same, {other.label}", "pg@other", "sqlite")] if other else []),
         ("onceq dirq consume --workers 2, SQLite", "sqlite_2", "sqlite_2"),
         ("onceq dirq consume --workers 2, PostgreSQL", "pg_2", "sqlite_2"),
+        *([(f"  the same, {other.label}", "pg_2@other", "sqlite_2")] if other else []),
     ]
     print()
     mc.table(
@@ -196,6 +226,9 @@ def dirq_report(best: dict[str, float]) -> float:
             for label, k, ref in rows
         ],
     )
+    if other:
+        one, two = best["pg"] / best["pg@other"], best["pg_2"] / best["pg_2@other"]
+        print(f"\nthis / {other.label}, PostgreSQL: 1 worker {one:.2f}, --workers 2 {two:.2f}")
     return best["pg"] / best["sqlite"]
 
 
@@ -210,6 +243,7 @@ def main() -> int:
     ap.add_argument("--parts", default="mq,dirq", help="which parts to run (mq, dirq)")
     ap.add_argument("--mq-target", type=float, default=0.8, help="PostgreSQL / SQLite, mq")
     ap.add_argument("--dirq-target", type=float, default=0.5, help="PostgreSQL / SQLite, dirq")
+    compare.add_argument(ap)
     args = ap.parse_args()
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or parts - {"mq", "dirq"}:
@@ -221,24 +255,25 @@ def main() -> int:
     if not prefetches or min(prefetches) < 1:
         ap.error("--prefetch: at least one value, each >= 1")
 
+    other = compare.open_checkout(args.compare) if args.compare else None
+
     pc.require_pg()
     print(mc.machine())
     print(pc.server())
-    import compare
-
-    print(f"onceq {compare.here().label}; rounds {args.rounds}, best of each shown")
+    print(f"onceq {compare.here().label}; rounds {args.rounds}, best of each shown", end="")
+    print(f"; --compare {other.label} ({other.python})" if other else "")
     t0 = time.monotonic()
     met = True
     if "mq" in parts:
         for prefetch in prefetches:
             print(f"\n{args.messages} claims per mq run, stub --delay 0, --prefetch {prefetch}")
-            best = mq_part(args.messages, prefetch, args.rounds)
-            ratio = mq_report(best, args.messages, prefetch)
+            best = mq_part(args.messages, prefetch, args.rounds, other)
+            ratio = mq_report(best, args.messages, prefetch, other)
             what = f"mq --prefetch {prefetch}, PostgreSQL / SQLite"
             met = mc.verdict(what, ratio, args.mq_target, "") and met
     if "dirq" in parts:
         print()
-        ratio = dirq_report(dirq_part(args.dirq_messages, args.rounds))
+        ratio = dirq_report(dirq_part(args.dirq_messages, args.rounds, other), other)
         met = mc.verdict("dirq, PostgreSQL / SQLite", ratio, args.dirq_target, "") and met
     print(f"\n({time.monotonic() - t0:.0f} s; load average now {os.getloadavg()[0]:.1f})")
     return 0 if met else 1
