@@ -77,6 +77,9 @@ class ConsumerControl:
     def _delivered(self, message: Any) -> Any:  # pragma: no cover - AmqpTransport's
         raise NotImplementedError
 
+    def _seen(self, message: Any) -> None:  # pragma: no cover - AmqpTransport's
+        raise NotImplementedError
+
     def _hand_out(self, message: Any) -> None:  # pragma: no cover - AmqpTransport's
         raise NotImplementedError
 
@@ -232,11 +235,12 @@ class ConsumerControl:
                         # On the queue's channel, as aio-pika's Queue.get; the answer is
                         # the consumer's own token (onceq._sources.amqp.received).
                         channel = await self._channel.get_underlay_channel()
-                        message = received_from_get(
-                            await channel.basic_get(
-                                self.queue_name, no_ack=False, timeout=CONNECT_TIMEOUT
-                            )
+                        got = await channel.basic_get(
+                            self.queue_name, no_ack=False, timeout=CONNECT_TIMEOUT
                         )
+                        message = received_from_get(got)
+                        if message is not None:
+                            self._seen(got)
                     except Exception as exc:
                         log.info(
                             "probe of %s: %s",

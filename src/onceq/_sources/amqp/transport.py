@@ -45,7 +45,7 @@ from onceq._sources.amqp.channel_watch import ChannelWatch
 from onceq._sources.amqp.control import ConsumerControl
 from onceq._sources.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
 from onceq._sources.amqp.received import Received, consuming_connection
-from onceq._sources.amqp.settle import Settling
+from onceq._sources.amqp.settle import Settling, Tags
 from onceq._sources.amqp.topology import QUEUE, Topology
 from onceq._sources.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq._sources.amqp.wire import install, verdict
@@ -242,7 +242,15 @@ class AmqpTransport(ConsumerControl, Settling):
 
     def _delivered(self, message: Any) -> Any:
         """aiormq's consumer callback: its message as the loop's token (`Received`)."""
+        self._seen(message)
         return self._on_message(Received(message))
+
+    def _seen(self, message: Any) -> None:
+        """Count a delivery of the channel as unsettled (multiple acks: `Tags`)."""
+        tags = self._tags_out
+        if tags is None or tags.channel is not message.channel:  # a new channel
+            tags = self._tags_out = Tags(message.channel)
+        tags.seen(message.delivery.delivery_tag)
 
     async def _on_message(self, message: Received) -> None:
         if self.stopped.is_set() or message.consumer_tag != self._tag:
