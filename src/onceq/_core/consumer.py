@@ -244,13 +244,15 @@ class Consumer:
         return not acquire.cancelled()
 
     async def _handle(self, d: Delivery) -> None:
-        turn: asyncio.Event | None = None
+        turn = False
         leased = False
         try:
             decoded = decode_safely(self.decode, d)
             if decoded.kind is Kind.SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
-                turn = await self._turns.take(d.msg_id)
+                if not self._turns.try_take(d.msg_id):  # a twin of this process holds it
+                    await self._turns.take(d.msg_id)
+                turn = True
                 leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
@@ -264,18 +266,18 @@ class Consumer:
                 outcome = self._judged(d, outcome, called=True)
             else:
                 outcome = self._judged(d, decoded, called=False)
-            done = asyncio.Event()
-            await self._pending.put((self._entry(d, outcome), done))
-            await done.wait()
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # settled
+            self._pending.put_nowait((self._entry(d, outcome), done))
+            await done
         finally:
             # The lease first, then the turn: a twin of this process that takes the turn
             # must find the lease free.
             if leased:
                 assert d.msg_id is not None  # a lease is taken only for an id (above)
                 await self.leases.release(d.msg_id)
-            if turn is not None:
+            if turn:
                 assert d.msg_id is not None  # so is a turn
-                self._turns.give_back(d.msg_id, turn)
+                self._turns.give_back(d.msg_id)
             self._slots.release()
 
     async def _effect(
@@ -372,7 +374,7 @@ class Consumer:
             first = await self._pending.get()
             if first is _STOP:
                 return
-            jobs: list[tuple[Entry, asyncio.Event | None]] = [first]
+            jobs: list[tuple[Entry, asyncio.Future[None] | None]] = [first]
             while len(jobs) < self.max_group and not self._pending.empty():
                 item = self._pending.get_nowait()
                 if item is _STOP:
@@ -392,7 +394,7 @@ class Consumer:
                 self.stats.add(e)
                 if done is None:
                     self._slots.release()  # an entry that came without a task
-                else:
-                    done.set()
+                elif not done.done():  # its task may be cancelled (a hard stop)
+                    done.set_result(None)
             if self.hooks.settled:  # one check per group
                 self.hooks.emit_settled(group)

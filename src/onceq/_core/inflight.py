@@ -216,23 +216,37 @@ class FileGuard:
 
 class Turns:
     """One copy of a msg_id in flight in this process: a later copy waits for the
-    first to be settled (and to give its lease back) before it claims the lease."""
+    first to be settled (and to give its lease back) before it claims the lease.
+
+    The first copy of an id only marks it (no Event: almost every id is alone); a
+    twin that finds it marked makes the Event it waits on, and the holder's
+    `give_back` sets it."""
 
     __slots__ = ("_held",)
 
     def __init__(self) -> None:
-        self._held: dict[str, asyncio.Event] = {}
+        self._held: dict[str, asyncio.Event | None] = {}
 
-    async def take(self, msg_id: str) -> asyncio.Event:
-        while (ev := self._held.get(msg_id)) is not None:
+    def try_take(self, msg_id: str) -> bool:
+        """Take msg_id's turn if nobody holds it (no wait): True when taken."""
+        if msg_id in self._held:
+            return False
+        self._held[msg_id] = None
+        return True
+
+    async def take(self, msg_id: str) -> None:
+        """Take msg_id's turn, waiting while another copy of this process holds it."""
+        while msg_id in self._held:
+            ev = self._held[msg_id]
+            if ev is None:
+                ev = self._held[msg_id] = asyncio.Event()
             await ev.wait()
-        turn = asyncio.Event()
-        self._held[msg_id] = turn
-        return turn
+        self._held[msg_id] = None
 
-    def give_back(self, msg_id: str, turn: asyncio.Event) -> None:
-        del self._held[msg_id]
-        turn.set()
+    def give_back(self, msg_id: str) -> None:
+        ev = self._held.pop(msg_id)
+        if ev is not None:
+            ev.set()
 
 
 class Leases:

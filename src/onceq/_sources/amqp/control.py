@@ -38,6 +38,7 @@ import logging
 import os
 from typing import Any
 
+from onceq._sources.amqp.received import received_from_get
 from onceq._sources.amqp.url import CONNECT_TIMEOUT
 
 log = logging.getLogger("onceq.amqp.transport")
@@ -73,7 +74,10 @@ class ConsumerControl:
     def connected(self) -> bool:  # pragma: no cover - AmqpTransport's
         raise NotImplementedError
 
-    def _on_message(self, message: Any) -> Any:  # pragma: no cover - AmqpTransport's
+    def _delivered(self, message: Any) -> Any:  # pragma: no cover - AmqpTransport's
+        raise NotImplementedError
+
+    def _seen(self, message: Any) -> None:  # pragma: no cover - AmqpTransport's
         raise NotImplementedError
 
     def _hand_out(self, message: Any) -> None:  # pragma: no cover - AmqpTransport's
@@ -86,7 +90,7 @@ class ConsumerControl:
             return
         tag = f"onceq-{os.getpid()}-{next(self._tags)}"
         self._tag = self._active = tag
-        await self._queue.consume(self._on_message, no_ack=False, consumer_tag=tag)
+        await self._queue.consume(self._delivered, no_ack=False, consumer_tag=tag)
         self._consuming = True
 
     async def _drained(self) -> bool:
@@ -228,9 +232,15 @@ class ConsumerControl:
                 message = None
                 if self.connected and not self._consuming and self._probe_task is me:
                     try:
-                        message = await self._queue.get(
-                            no_ack=False, fail=False, timeout=CONNECT_TIMEOUT
+                        # On the queue's channel, as aio-pika's Queue.get; the answer is
+                        # the consumer's own token (onceq._sources.amqp.received).
+                        channel = await self._channel.get_underlay_channel()
+                        got = await channel.basic_get(
+                            self.queue_name, no_ack=False, timeout=CONNECT_TIMEOUT
                         )
+                        message = received_from_get(got)
+                        if message is not None:
+                            self._seen(got)
                     except Exception as exc:
                         log.info(
                             "probe of %s: %s",

@@ -73,7 +73,8 @@ def copy_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def copy_properties(message: Any, msg_id: str | None) -> Any:
-    """The properties of `message`'s copy (an aio-pika IncomingMessage), as listed above."""
+    """The properties of `message`'s copy (the consumer's `Received`, or an aio-pika
+    IncomingMessage: the same names), as listed above."""
     from aiormq import spec
 
     return spec.Basic.Properties(
@@ -130,7 +131,10 @@ async def publish_copy(
 
 def _closed_reason(message: Any) -> Failure | None:
     """Why the delivering channel closed, when the broker said (403, 404: a ChannelClosed)."""
-    channel = getattr(message, "_IncomingMessage__channel", None)  # aio-pika keeps it private
+    # The consumer's token says it; an aio-pika message keeps it private.
+    channel = getattr(message, "raw_channel", None) or getattr(
+        message, "_IncomingMessage__channel", None
+    )
     closing = getattr(channel, "_closing", None)
     if isinstance(closing, asyncio.Future) and closing.done() and not closing.cancelled():
         reason = closing.exception()

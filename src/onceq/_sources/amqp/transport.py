@@ -44,7 +44,8 @@ from onceq._core.transport import Delivery
 from onceq._sources.amqp.channel_watch import ChannelWatch
 from onceq._sources.amqp.control import ConsumerControl
 from onceq._sources.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
-from onceq._sources.amqp.settle import Settling
+from onceq._sources.amqp.received import Received, consuming_connection
+from onceq._sources.amqp.settle import Settling, Tags
 from onceq._sources.amqp.topology import QUEUE, Topology
 from onceq._sources.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly
 from onceq._sources.amqp.wire import install, verdict
@@ -131,8 +132,7 @@ class AmqpTransport(ConsumerControl, Settling):
         Split from `start` so the caller can open the ledger in between: a run the
         broker refuses (down, no queue) then leaves no ledger file behind.
         """
-        import aio_pika  # start-up time: `onceq --help` never loads aio-pika
-        from aio_pika.connection import make_url
+        from aio_pika.connection import make_url  # start-up time: not for `onceq --help`
 
         # A property or header pamqp cannot decode (a message_id or a header name that
         # is not UTF-8 …) would otherwise drop the connection on every redelivery of
@@ -142,7 +142,7 @@ class AmqpTransport(ConsumerControl, Settling):
         # or times out, connect_robust leaves its reconnect task running (it treats the
         # cancellation as one more failed attempt), and asyncio.run then waits for it
         # forever. Closing the connection object we hold ends that task.
-        self._connection = aio_pika.RobustConnection(
+        self._connection = consuming_connection()(
             make_url(self.url, reconnect_interval=RECONNECT_INTERVAL),
             reconnect_interval=RECONNECT_INTERVAL,
         )
@@ -240,7 +240,19 @@ class AmqpTransport(ConsumerControl, Settling):
         c = self._connection
         return c is not None and not c.is_closed and c.connected.is_set()
 
-    async def _on_message(self, message: Any) -> None:
+    def _delivered(self, message: Any) -> Any:
+        """aiormq's consumer callback: its message as the loop's token (`Received`)."""
+        self._seen(message)
+        return self._on_message(Received(message))
+
+    def _seen(self, message: Any) -> None:
+        """Count a delivery of the channel as unsettled (multiple acks: `Tags`)."""
+        tags = self._tags_out
+        if tags is None or tags.channel is not message.channel:  # a new channel
+            tags = self._tags_out = Tags(message.channel)
+        tags.seen(message.delivery.delivery_tag)
+
+    async def _on_message(self, message: Received) -> None:
         if self.stopped.is_set() or message.consumer_tag != self._tag:
             # Not handed out: it stays unacked on the channel and goes back to the
             # queue when the channel closes (or at the drain check's or the pause's
@@ -248,25 +260,28 @@ class AmqpTransport(ConsumerControl, Settling):
             return
         self._hand_out(message)
 
-    def _hand_out(self, message: Any) -> None:
+    def _hand_out(self, message: Received) -> None:
         """Buffer a delivery for `deliveries()` (from the consumer or a probe's get)."""
-        copy = (message.headers or {}).get(COPY_HEADER)
+        props = message.properties
+        raw = message.message
+        copy = props.headers.get(COPY_HEADER) if props.headers else None
         stable = isinstance(copy, str) and 0 < len(copy) <= 64
         if stable:
             ref = f"{self.queue_name}/{copy}"
         else:
             ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
-        headers = {"message_id": message.message_id, "delivery_tag": message.delivery_tag}
+        delivery = raw.delivery
+        headers = {"message_id": props.message_id, "delivery_tag": delivery.delivery_tag}
         self._buffer.put_nowait(
             Delivery(
-                body=message.body,
+                body=raw.body,
                 ref=ref,
-                redelivered=bool(message.redelivered),
+                redelivered=bool(delivery.redelivered),
                 stable_ref=stable,
                 token=message,
                 headers=headers,
                 # Malformed properties (onceq._sources.amqp.wire): dead-lettered, never tried.
-                refused=verdict(message),
+                refused=verdict(props),
             )
         )
         self._held += 1
@@ -338,7 +353,7 @@ class AmqpTransport(ConsumerControl, Settling):
 
 def _channel_closed(message: Any) -> bool:
     try:
-        message.channel  # noqa: B018 - aio-pika raises when the delivering channel is closed
+        message.channel  # noqa: B018 - raises when the delivering channel is closed
     except Exception:
         return True
     return False
