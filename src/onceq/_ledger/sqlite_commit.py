@@ -159,6 +159,36 @@ class SqliteCommit(GroupCommit):
         finally:
             guard.active = False
 
+    def _call_effects_at_once(
+        self, tx: Tx, function: Callable[[Any, Any], None], docs: list[Any]
+    ) -> bool:
+        """Every `function(connection, doc)` under one savepoint: True when none raised
+        (their rows kept); False when one raised, with all their rows undone (the
+        caller runs them again one by one). Raises as `_call_effect` does."""
+        conn = self._write
+        conn.execute("SAVEPOINT onceq_effects")
+        for doc in docs:
+            try:
+                function(conn, doc)
+            except Exception as exc:
+                self._check_transaction(conn)
+                if database_fault(exc):
+                    raise  # the ledger's trouble: the group fails as one
+                conn.execute("ROLLBACK TO onceq_effects")
+                conn.execute("RELEASE onceq_effects")
+                return False
+            self._check_transaction(conn)  # after each: none runs outside the transaction
+        conn.execute("RELEASE onceq_effects")
+        return True
+
+    def _check_transaction(self, conn: sqlite3.Connection) -> None:
+        guard = self._tx_guard
+        if (guard is not None and guard.tried) or not conn.in_transaction:
+            raise LedgerError(
+                f"{self.path}: the SQL effect ended the ledger's transaction (it must not"
+                " COMMIT or ROLLBACK: onceq commits its rows with the message's record)"
+            )
+
     def _call_effect(
         self, tx: Tx, function: Callable[[Any, Any], None], doc: Any
     ) -> Exception | None:
@@ -169,12 +199,7 @@ class SqliteCommit(GroupCommit):
             function(conn, doc)
         except Exception as exc:
             raised = exc
-        guard = self._tx_guard
-        if (guard is not None and guard.tried) or not conn.in_transaction:
-            raise LedgerError(
-                f"{self.path}: the SQL effect ended the ledger's transaction (it must not"
-                " COMMIT or ROLLBACK: onceq commits its rows with the message's record)"
-            )
+        self._check_transaction(conn)
         if raised is None:
             conn.execute("RELEASE onceq_effect")
             return None
