@@ -136,13 +136,19 @@ def _version() -> str:
         return "0+unknown"
 
 
-__version__ = _version()
+if TYPE_CHECKING:
+    __version__: str
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once: later lookups do not come back here
+        return value
+    if name == "__version__":
+        # Read on first use: importlib.metadata (and the email package under it) is a
+        # good part of every command's start-up, and only --version and a caller need it.
+        globals()[name] = value = _version()
         return value
     raise AttributeError(f"module 'onceq' has no attribute {name!r}")
 

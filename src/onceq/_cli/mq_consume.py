@@ -9,6 +9,7 @@ import click
 from onceq._cli.db_option import db_option
 from onceq._cli.flow_flags import over_preset, own_flow
 from onceq._cli.flow_options import check_http_flags, flow_options, is_generic
+from onceq._cli.mq import cli_url
 from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for
 from onceq._cli.output import Seconds, emit_json, note_new_ledger, print_run_summary
 from onceq._cli.progress import live_progress
@@ -22,14 +23,7 @@ from onceq._flows.run_end import run_error
 from onceq._ledger.target import Target, describe
 from onceq._sources.amqp.consume import default_db
 from onceq._sources.amqp.topology import QUEUE
-from onceq._sources.amqp.url import amqp_url
 from onceq.errors import UsageError
-
-
-def cli_url() -> str:
-    """The broker URL of every `mq` command, logging set up so no line shows its password."""
-    setup_logs()
-    return amqp_url()
 
 
 @click.command()

@@ -17,7 +17,7 @@ import click
 
 from onceq._cli.db_option import db_option
 from onceq._cli.flow_options import flow_name_option
-from onceq._cli.mq_consume import cli_url
+from onceq._cli.mq import cli_url
 from onceq._cli.run import load_or_exit
 from onceq._core.logs import setup as setup_logs
 from onceq._ledger.target import Target as LedgerTarget

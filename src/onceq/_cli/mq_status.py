@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from onceq._cli.mq_consume import cli_url
+from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._cli.retry_options import retry_from_values, retry_options
 from onceq._core.retry import RetryPolicy

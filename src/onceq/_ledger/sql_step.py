@@ -5,10 +5,12 @@ dedup row that says the message took effect are one transaction, so after any
 crash either both are on disk or neither is. No idempotent partner is needed.
 
 Once for both kinds of ledger (`onceq._ledger.commit.GroupCommit` calls it; the kind
-supplies the savepoint and the guard). Per message, a savepoint: a function that
-raises is undone alone (its own rows, and the dedup row the group's insert gave it)
-and the rest of the group commits. What it raised decides the verdict, through the
-loop's `RetryPolicy.decide` with the entry's attempt:
+supplies the savepoint and the guard). The group's functions run under one savepoint
+where the kind can (SQLite); when one raises, that is undone and they run again, a
+savepoint per message: a function that raises is undone alone (its own rows, and the
+dedup row the group's insert gave it) and the rest of the group commits. What it
+raised decides the verdict, through the loop's `RetryPolicy.decide` with the entry's
+attempt:
 
 | raised                                          | Kind      | reason       |
 | Reject, the driver's IntegrityError             | REJECTED  | sql-rejected |
@@ -25,7 +27,7 @@ the transaction is gone anyway.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from onceq._core.effect import Reject, Retry
 from onceq._core.entry import Entry
@@ -50,15 +52,25 @@ def apply(ledger: GroupCommit, tx: Tx, won: list[Entry]) -> None:
     if sql.bulk is not None:
         ledger._run_bulk(tx, sql, won)
     function = sql.function
-    if function is not None and any(e.kind is Kind.SUCCESS for e in won):
-        # One guard for the group's functions (SQLite: setting an authorizer expires
-        # every prepared statement, so once per message would re-prepare each time).
-        with ledger._effects_guarded(tx):
-            for e in won:
-                if e.kind is Kind.SUCCESS:
-                    raised = ledger._call_effect(tx, function, e.fields.get("doc") or {})
-                    if raised is not None:
-                        _failed(ledger, tx, e, raised)
+    todo = [e for e in won if e.kind is Kind.SUCCESS] if function is not None else []
+    if function is None or not todo:
+        return
+    with ledger._effects_guarded(tx):
+        # First the whole group under one savepoint (a kind that can: SQLite); only
+        # when a function raises is that undone and each message run again in a
+        # savepoint of its own, so a group where none fails pays no savepoint per
+        # message. Either way a raising function's rows go alone.
+        at_once = getattr(ledger, "_call_effects_at_once", None)
+        if at_once is not None and at_once(tx, function, [_doc(e) for e in todo]):
+            return
+        for e in todo:
+            raised = ledger._call_effect(tx, function, _doc(e))
+            if raised is not None:
+                _failed(ledger, tx, e, raised)
+
+
+def _doc(e: Entry) -> Any:
+    return e.fields.get("doc") or {}
 
 
 def _failed(ledger: GroupCommit, tx: Tx, e: Entry, raised: Exception) -> None:

@@ -221,15 +221,19 @@ class Ledger(SqliteCommit, LedgerOps):
         try:
             # IMMEDIATE takes the write lock up front: two consumers queue here (busy
             # timeout) instead of deadlocking on a read lock upgraded to a write.
-            conn.execute("BEGIN IMMEDIATE")
+            # Not through execute(): its statement cache would keep a BEGIN, COMMIT or
+            # ROLLBACK that a SQL effect's function could reuse past the guard
+            # (`onceq._ledger.sqlite_commit._TxGuard`). No transaction is open here, so
+            # executescript has none to commit first.
+            conn.executescript("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise LedgerError(f"{self.path}: cannot begin a transaction: {exc}") from exc
         try:
             yield conn
-            conn.execute("COMMIT")
+            conn.commit()
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                conn.rollback()
             if isinstance(exc, sqlite3.Error):
                 raise LedgerError(f"{self.path}: write failed: {exc}") from exc
             raise

@@ -54,13 +54,26 @@ def database_fault(exc: BaseException) -> bool:
 
 
 class _TxGuard:
-    """An authorizer that denies ending the transaction, and remembers an attempt."""
+    """An authorizer that, while `active`, denies ending the transaction and remembers
+    an attempt.
+
+    Installed once on the writer, at the first group with a SQL effect's function, and
+    never removed: setting an authorizer expires every prepared statement, so setting
+    and clearing it around each group made every statement (the ledger's own too) be
+    prepared again in every group. SQLite asks an authorizer when it prepares a
+    statement, so a statement the writer's cache keeps is checked once per text, and
+    a transaction statement prepared while `active` is refused (and never cached).
+    The ledger ends its own transactions through `commit()`/`rollback()` and begins
+    them through `executescript`, none of which goes into that cache: no cached
+    BEGIN, COMMIT or ROLLBACK prepared while inactive can be reused by a function.
+    """
 
     def __init__(self) -> None:
+        self.active = False
         self.tried = False
 
     def __call__(self, action: int, *_: object) -> int:
-        if action == sqlite3.SQLITE_TRANSACTION:
+        if action == sqlite3.SQLITE_TRANSACTION and self.active:
             self.tried = True
             return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
@@ -136,13 +149,45 @@ class SqliteCommit(GroupCommit):
 
     @contextlib.contextmanager
     def _effects_guarded(self, tx: Tx) -> Iterator[None]:
-        self._tx_guard = guard = _TxGuard()
-        self._write.set_authorizer(guard)
+        guard = self._tx_guard
+        if guard is None:
+            self._tx_guard = guard = _TxGuard()
+            self._write.set_authorizer(guard)  # once: it stays for the connection's life
+        guard.active, guard.tried = True, False
         try:
             yield
         finally:
-            self._write.set_authorizer(None)
-            self._tx_guard = None
+            guard.active = False
+
+    def _call_effects_at_once(
+        self, tx: Tx, function: Callable[[Any, Any], None], docs: list[Any]
+    ) -> bool:
+        """Every `function(connection, doc)` under one savepoint: True when none raised
+        (their rows kept); False when one raised, with all their rows undone (the
+        caller runs them again one by one). Raises as `_call_effect` does."""
+        conn = self._write
+        conn.execute("SAVEPOINT onceq_effects")
+        for doc in docs:
+            try:
+                function(conn, doc)
+            except Exception as exc:
+                self._check_transaction(conn)
+                if database_fault(exc):
+                    raise  # the ledger's trouble: the group fails as one
+                conn.execute("ROLLBACK TO onceq_effects")
+                conn.execute("RELEASE onceq_effects")
+                return False
+            self._check_transaction(conn)  # after each: none runs outside the transaction
+        conn.execute("RELEASE onceq_effects")
+        return True
+
+    def _check_transaction(self, conn: sqlite3.Connection) -> None:
+        guard = self._tx_guard
+        if (guard is not None and guard.tried) or not conn.in_transaction:
+            raise LedgerError(
+                f"{self.path}: the SQL effect ended the ledger's transaction (it must not"
+                " COMMIT or ROLLBACK: onceq commits its rows with the message's record)"
+            )
 
     def _call_effect(
         self, tx: Tx, function: Callable[[Any, Any], None], doc: Any
@@ -154,12 +199,7 @@ class SqliteCommit(GroupCommit):
             function(conn, doc)
         except Exception as exc:
             raised = exc
-        guard = self._tx_guard
-        if (guard is not None and guard.tried) or not conn.in_transaction:
-            raise LedgerError(
-                f"{self.path}: the SQL effect ended the ledger's transaction (it must not"
-                " COMMIT or ROLLBACK: onceq commits its rows with the message's record)"
-            )
+        self._check_transaction(conn)
         if raised is None:
             conn.execute("RELEASE onceq_effect")
             return None
