@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +139,8 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
     refresh (each flow with its "rates"), for a script that follows it; no live view.
     """
     import signal
-    import threading
 
-    stop = threading.Event()
+    stop = _Asked()
     code = 0
 
     def asked(signum: int, _frame: object) -> None:
@@ -148,7 +148,7 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         code = 143 if signum == signal.SIGTERM else 0
-        stop.set()
+        stop.asked = True
 
     signal.signal(signal.SIGTERM, asked)
     # SIGINT ignored (a background job, nohup) stays ignored: only Python's own default
@@ -165,6 +165,28 @@ def _watch(read: Any, interval: float, as_json: bool) -> None:
         pass  # the second Ctrl-C; Live's exit has shown the cursor again
     if code:
         raise SystemExit(code)
+
+
+class _Asked:
+    """A stop flag the signal handler may set. Not a threading.Event: its set() takes a
+    lock that the interrupted main thread may hold inside wait(), and a handler runs in
+    that thread, so it would wait for itself forever. A plain attribute, read between
+    short sleeps, cannot deadlock; a stop is seen within SLICE seconds."""
+
+    SLICE = 0.05
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def is_set(self) -> bool:
+        return self.asked
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, less if asked; whether asked."""
+        end = time.monotonic() + seconds
+        while not self.asked and (left := end - time.monotonic()) > 0:
+            time.sleep(min(self.SLICE, left))
+        return self.asked
 
 
 def _watch_live(read: Any, interval: float, rates: Any, stop: Any) -> None:
