@@ -183,8 +183,10 @@ class Heartbeat:
             self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
+        written = False
         try:
             await asyncio.wait_for(self._publish(self._snapshot("stopped")), FINAL_WAIT)
+            written = True
         except TimeoutError:
             log.warning(
                 "the heartbeat's final row for flow %s took over %.0fs",
@@ -193,9 +195,16 @@ class Heartbeat:
                 extra={"event": "heartbeat-final-slow"},
             )
         pool = self._pool
-        # The close runs after the pending write in the same thread; not waited for.
-        pool.submit(self._close_conn)
+        # The close runs after the pending write in the same thread. Waited for when the
+        # final row was written (the thread is free, a close takes milliseconds): the
+        # ledger's files are as the run left them when the command returns (an SQLite
+        # connection still open keeps its -wal and -shm). Not after a write that hung:
+        # the close would wait behind it, and a stop is never held by the ledger.
+        closed = asyncio.get_running_loop().run_in_executor(pool, self._close_conn)
         pool.shutdown(wait=False)
+        if written:
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(closed, FINAL_WAIT)
 
     async def _run(self) -> None:
         assert self._wake is not None
