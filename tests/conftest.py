@@ -5,13 +5,10 @@ Under CI=true no test may skip (ci_no_skip.py, whose hooks are imported here).
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import os
 import shutil
 import subprocess
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -24,10 +21,8 @@ from ci_no_skip import (  # noqa: F401
     pytest_runtest_makereport,
 )
 from pg_support import temp_database
-from support import broker_answers
+from support import broker_answers, management
 
-MANAGEMENT = "http://127.0.0.1:15672"
-GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
@@ -53,22 +48,10 @@ def _rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
-def _api(method: str, path: str, body: dict[str, str] | None = None) -> None:
-    """One call of the broker's management API (raises on a status other than 2xx)."""
-    req = urllib.request.Request(
-        f"{MANAGEMENT}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": GUEST, "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30):
-        pass
-
-
 @functools.cache
 def _management_answers() -> bool:
     try:
-        _api("GET", "/api/overview")
+        management("GET", "/api/overview")
         return True
     except OSError:
         return False
@@ -79,8 +62,8 @@ def _add_vhost(vhost: str) -> None:
     # Erlang VM (1-3 s of CPU here), three per test that takes a vhost. CI enables the
     # API (.ci/run); without it the vhost is made the old way.
     if _management_answers():
-        _api("PUT", f"/api/vhosts/{vhost}")
-        _api("PUT", f"/api/permissions/{vhost}/guest", ALL_PERMISSIONS)
+        management("PUT", f"/api/vhosts/{vhost}")
+        management("PUT", f"/api/permissions/{vhost}/guest", ALL_PERMISSIONS)
     else:
         _rabbitmqctl("add_vhost", vhost)
         _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
@@ -88,7 +71,7 @@ def _add_vhost(vhost: str) -> None:
 
 def _delete_vhost(vhost: str) -> None:
     if _management_answers():
-        _api("DELETE", f"/api/vhosts/{vhost}")
+        management("DELETE", f"/api/vhosts/{vhost}")
     else:
         _rabbitmqctl("delete_vhost", vhost)
 

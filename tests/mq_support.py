@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -23,11 +22,9 @@ import pika
 import pika.exceptions
 
 from cli_support import invoke
-from support import SAMPLE, free_port, run_cli
+from support import SAMPLE, free_port, management, run_cli
 
 CLAIMS = SAMPLE / "claims"
-MANAGEMENT = "http://127.0.0.1:15672"
-GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 
 
 def vhost(url: str) -> str:
@@ -41,13 +38,6 @@ def ctl(*args: str) -> str:
     return done.stdout
 
 
-def _api(path: str) -> Any:
-    """A GET of the broker's management API, as JSON."""
-    req = urllib.request.Request(f"{MANAGEMENT}{path}", headers={"Authorization": GUEST})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
 def _vhost_path(url: str) -> str:
     return urllib.parse.quote(vhost(url), safe="")
 
@@ -57,7 +47,9 @@ def _declared(url: str) -> dict[str, tuple[int, int]]:
     queue itself, so exact at the moment of the call (the management API's message
     counts are statistics, up to 5 s old). The names are the vhost's metadata
     (`disable_stats`: read from the broker's database, not from statistics)."""
-    names = [q["name"] for q in _api(f"/api/queues/{_vhost_path(url)}?disable_stats=true")]
+    names = [
+        q["name"] for q in management("GET", f"/api/queues/{_vhost_path(url)}?disable_stats=true")
+    ]
     out: dict[str, tuple[int, int]] = {}
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -105,9 +97,9 @@ def broker_state(url: str) -> dict[str, object]:
     arguments) and bindings, read from the management API's metadata (the broker's
     database, not its statistics): what a refused command must not change."""
     v = _vhost_path(url)
-    exchanges = _api(f"/api/exchanges/{v}?disable_stats=true")
-    qs = _api(f"/api/queues/{v}?disable_stats=true")
-    bindings = _api(f"/api/bindings/{v}")
+    exchanges = management("GET", f"/api/exchanges/{v}?disable_stats=true")
+    qs = management("GET", f"/api/queues/{v}?disable_stats=true")
+    bindings = management("GET", f"/api/bindings/{v}")
     return {
         "exchanges": sorted(
             (e["name"], e["type"], e["durable"])

@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 BROKER = ("127.0.0.1", 5672)
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "onceq" / "_exercise" / "sample"
+
+
+MANAGEMENT = "http://127.0.0.1:15672"
+GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
+
+
+def management(method: str, path: str, body: dict[str, str] | None = None) -> Any:
+    """One call of the broker's management API, its JSON answer (None when empty);
+    raises on a status other than 2xx."""
+    req = urllib.request.Request(
+        f"{MANAGEMENT}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": GUEST, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
 
 
 def broker_answers() -> bool:
