@@ -45,7 +45,7 @@ def consume_exercise(url: str, claim: str, db: Path, prefetch: int = 20) -> Any:
     """One `mq consume --claim CLAIM --until-empty` run with the exercise's rule
     (one immediate retry, then dead; no breaker), in this process."""
     from onceq._core.retry import BreakerPolicy, RetryPolicy
-    from onceq._exercise.flows import claims_flow
+    from onceq._exercise.claims import claims_flow
     from onceq._flows.batch import run_report
 
     flow = claims_flow(claim, url=url, prefetch=prefetch)

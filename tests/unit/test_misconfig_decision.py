@@ -300,7 +300,7 @@ def test_any_other_reason_is_named_without_its_detail() -> None:
 
 def test_the_guard_flags_over_a_preset_and_an_own_flow() -> None:
     from onceq._cli.retry_options import apply_retry
-    from onceq._exercise.flows import orders_flow
+    from onceq._exercise.orders import orders_flow
     from onceq._flows.flow import Flow
     from onceq._sources.dirq.plugin import DirSource
 

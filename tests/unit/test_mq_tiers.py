@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onceq._core.retry import DEFAULT_DELAYS, RetryPolicy
-from onceq._exercise.flows import claims_flow
+from onceq._exercise.claims import claims_flow
 from onceq._flows.flow import Flow
 from onceq._sources.amqp.plugin import RabbitSource
 from onceq._sources.amqp.retry import copy_headers

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from onceq._cli.retry_options import apply_retry, retry_from_values, retry_options
 from onceq._core.retry import BreakerPolicy, RetryPolicy
-from onceq._exercise.flows import orders_flow
+from onceq._exercise.orders import orders_flow
 from onceq._flows.flow import Flow
 from onceq._sources.dirq.plugin import DirSource
 from onceq.errors import UsageError

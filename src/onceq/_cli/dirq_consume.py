@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from onceq._cli.db_option import db_option
-from onceq._cli.dirq_results import DB_HELP, DEFAULT_REQUIRED, QDIR, parse_required
+from onceq._cli.dirq_args import DB_HELP, DEFAULT_REQUIRED, QDIR, parse_required
 from onceq._cli.flow_flags import over_preset, own_flow
 from onceq._cli.flow_options import check_http_flags, flow_options, is_generic
 from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for
@@ -21,7 +21,7 @@ from onceq._core.consumer import Stats
 from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
 from onceq._exercise.dirq_batch import queue_error
-from onceq._exercise.flows import orders_flow
+from onceq._exercise.orders import orders_flow
 from onceq._flows.batch import run_report
 from onceq._flows.run_end import signal_name
 from onceq._ledger.target import Target

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from onceq._cli.db_option import db_option
-from onceq._cli.dirq_results import DB_HELP, QDIR, READ_FLOW_HELP
+from onceq._cli.dirq_args import DB_HELP, QDIR, READ_FLOW_HELP
 from onceq._cli.flow_options import flow_name_option
 from onceq._cli.output import emit_json, note_new_ledger
 from onceq._ledger.sqlite import check_flow_name

@@ -1,7 +1,7 @@
 """`onceq dirq schema`, `order-check` and `report`: what a queue and its ledger hold.
 
-Also the arguments the dirq commands share (QDIR, --db, --required). Imported only
-when one of these commands (or consume, replay, dead) runs: cli/dirq.py loads it lazily.
+Imported only when one of these commands runs: cli/dirq.py loads it lazily; the
+arguments the dirq commands share live in dirq_args.py.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from onceq._cli.db_option import db_option
+from onceq._cli.dirq_args import DB_HELP, DEFAULT_REQUIRED, QDIR, READ_FLOW_HELP, parse_required
 from onceq._cli.flow_options import flow_name_option
 from onceq._cli.output import emit_json
 from onceq._exercise.orders_0_1_0 import MessageSpec
@@ -23,23 +24,6 @@ from onceq._sources.dirq.queue import DirQueue
 from onceq._sources.dirq.report import write_report
 from onceq._sources.dirq.schema import schema_csv
 from onceq.errors import NotFound, UsageError
-
-# A QDIR that is missing, or a file, is "not a queue": exit 3 from DirQueue.check(),
-# the same in every command (click's own file_okay check would make a file exit 2).
-QDIR = click.Path(path_type=Path)
-DEFAULT_REQUIRED = "msg_id,order_no,seq,amount"
-DB_HELP = (
-    "Ledger: an SQLite file (default: QDIR/ledger.db; its folder must exist) or a"
-    " postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger)."
-)
-READ_FLOW_HELP = "The flow whose rows to read (dirq consume --flow, a flow file's [flows.NAME])."
-
-
-def parse_required(value: str) -> tuple[str, ...]:
-    fields = tuple(f.strip() for f in value.split(",") if f.strip())
-    if not fields:
-        raise click.BadParameter(f"{value!r} names no field", param_hint="'--required'")
-    return fields
 
 
 def message_spec_options(f: Callable[..., Any]) -> Callable[..., Any]:

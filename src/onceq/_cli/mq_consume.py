@@ -17,7 +17,7 @@ from onceq._cli.retry_options import retry_options
 from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
 from onceq._core.stop import Stop
-from onceq._exercise.flows import claims_flow
+from onceq._exercise.claims import claims_flow
 from onceq._flows.batch import run_report
 from onceq._flows.run_end import run_error
 from onceq._ledger.target import Target, describe

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from onceq._core.stats import Stats
-from onceq._exercise.flows import orders_flow
+from onceq._exercise.orders import orders_flow
 from onceq._flows.batch import run_report
 from onceq._flows.flow import Flow
 from onceq._flows.run_end import RunReport, run_error
