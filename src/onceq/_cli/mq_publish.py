@@ -6,13 +6,13 @@ only the publisher and what prints its outcome.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import click
 
 from onceq._cli.mq import JSON_HELP, cli_url
 from onceq._cli.output import console, emit_json
+from onceq._core import loop as event_loop
 from onceq._core.fields import split_path as _split
 from onceq._sources.amqp.publisher import check_target, load_messages
 from onceq._sources.amqp.publisher import publish as do_publish
@@ -73,7 +73,7 @@ def publish(
     url = cli_url()
     messages = load_messages(list(files), id_field)
     try:
-        report = asyncio.run(
+        report = event_loop.run(
             do_publish(url, messages, window=window, exchange=exchange, routing_key=routing_key)
         )
     except Unroutable as exc:

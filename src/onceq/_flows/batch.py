@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceq._core import loop as event_loop
 from onceq._core.hooks import RunHooks
 from onceq._core.misconfig import SharedTally
 from onceq._core.stats import Stats
@@ -56,7 +57,7 @@ def run_report(
         n = st.processes(flow.source)
         if n > 1:
             return _forked(flow, st, n, ledger, until_empty, telemetry or Telemetry(), hooks)
-    return asyncio.run(
+    return event_loop.run(
         run_flows(
             flows,
             ledger,
@@ -97,7 +98,7 @@ def _forked(
     def child(i: int, progress: Callable[[dict[str, Any]], None]) -> tuple[Stats, int | None]:
         tel.close_inherited()  # the parent's port is the parent's: a child serves nothing
         own = Telemetry(reporter=progress) if tel.enabled else None
-        got = asyncio.run(
+        got = event_loop.run(
             run_flows([flow], report.ledger, until_empty=until_empty, telemetry=own, copies=1)
         )
         return got.stats[flow.name], got.signal

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onceq._core import loop as event_loop
 from onceq._core.consumer import Consumer, Stats, no_effect
 from onceq._core.hooks import RunHooks
 from onceq._core.stop import STOP_SIGNALS, Stop
@@ -118,7 +119,7 @@ def run(
     `metrics_port` serves /metrics and /healthz on metrics_host:metrics_port for
     the run (a port in use: `Conflict` before anything is touched).
     """
-    return asyncio.run(
+    return event_loop.run(
         run_async(
             *flows,
             ledger=ledger,
