@@ -102,12 +102,12 @@ def test_the_sqlite_read_refuses_writes(tmp_path: object) -> None:
     import sqlite3
     from pathlib import Path
 
-    from onceq._ops.status_ledger import _sqlite_session
+    from onceq._ops.ledger_read import read_only
 
     db = Path(str(tmp_path)) / "ledger.db"
     open_ledger(db, flow="a").close()
-    with _sqlite_session(db) as (rows, _tables), pytest.raises(sqlite3.OperationalError):
-        rows("INSERT INTO messages (flow, msg_id, processed_at, source) VALUES ('a','m','t','x')")
+    with read_only(db) as reading, pytest.raises(sqlite3.OperationalError):
+        reading.rows("INSERT INTO messages (flow, msg_id, processed_at, source) VALUES ('a','m','t','x')")
 
 
 def test_the_pg_read_is_a_read_only_transaction(pg_url: str) -> None:

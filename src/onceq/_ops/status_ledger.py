@@ -1,16 +1,9 @@
 """`onceq status`'s ledger side: counts per flow and the consumers' rows, read-only.
 
 A status view is looked at while consumers run, often by someone who should not be
-able to change anything, so it opens the ledger in a way that cannot write:
-
-- SQLite: a `mode=ro` URI. The file is never created (a missing ledger is a note, not
-  a new empty ledger in front of a queue), never migrated, never switched to WAL;
-  readers in WAL mode do not block the consumer's commits.
-- PostgreSQL: a read-only session (`default_transaction_read_only`), every read in one
-  transaction (one snapshot: processed and dead letters add up at one instant).
-
-The SQL is written once with `?` placeholders (`onceq._ledger.pg.sql.translate` for
-PostgreSQL), as the ledgers' shared queries are.
+able to change anything: it reads through `onceq._ops.ledger_read.read_only`, a session
+that cannot write, never creates a ledger (a missing one is a note) and sees one
+snapshot (processed and dead letters add up at one instant).
 
 Dead letters are the failures with action 'dead' that no replay has given their
 retries back (the same rule as a message's attempts, `onceq._ledger.ops`): a replayed
@@ -19,18 +12,15 @@ message that dies again counts once, and one that succeeded after its replay not
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from onceq._ledger.target import describe, is_pg_url
 from onceq._ops.heartbeat import STALE_AFTER
-from onceq.errors import LedgerError
+from onceq._ops.ledger_read import NoLedger, Rows, read_only
 
 COUNTS = {
     "processed": "SELECT flow, count(*) FROM messages GROUP BY flow",
@@ -69,39 +59,15 @@ class LedgerView:
     def read(self, now: datetime | None = None) -> LedgerView:
         """Read everything in one snapshot; LedgerError (one line) when it cannot."""
         now = now or datetime.now(UTC)
-        with self._session() as session:
-            if session is None:
-                return self
-            rows, tables = session
-            self._read(rows, tables, now)
+        try:
+            with read_only(self.target) as reading:
+                self._read(reading.rows, reading.tables, now)
+        except NoLedger as exc:
+            self.exists = False
+            self.note = str(exc)
         return self
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[Any]:
-        if self.kind == "postgresql":
-            # why: psycopg loads only for a PostgreSQL ledger (start-up of an SQLite status)
-            from onceq._ops.pg_sessions import read_session
-
-            with read_session(str(self.target), self.where) as s:
-                if s is None:
-                    self.exists = False
-                    self.note = "no onceq ledger in this database yet (not created)"
-                yield s
-            return
-        path = Path(self.target)
-        if not path.exists():
-            self.exists = False
-            self.note = f"no ledger at {path} yet (not created)"
-            yield None
-            return
-        with _sqlite_session(path) as s:
-            yield s
-
-    def _read(self, rows: Any, tables: set[str], now: datetime) -> None:
-        if "messages" not in tables:
-            self.exists = False
-            self.note = "not an onceq ledger yet (no table messages)"
-            return
+    def _read(self, rows: Rows, tables: frozenset[str], now: datetime) -> None:
         names: set[str] = set()
         for key, sql in COUNTS.items():
             for flow, n in rows(sql):
@@ -163,29 +129,3 @@ def consumer_row(row: Sequence[Any], now: datetime) -> dict[str, Any]:
         "connected": state.get("connected"),
         "stopping": state.get("stopping"),
     }
-
-
-@contextlib.contextmanager
-def _sqlite_session(path: Path) -> Iterator[Any]:
-    # mode=ro: SQLite refuses every write on this connection, and never makes the file.
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10)
-    except sqlite3.Error as exc:
-        raise LedgerError(f"{path}: cannot read the ledger: {exc}") from None
-    try:
-        # One read transaction: every count from the same snapshot.
-        conn.execute("BEGIN")
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-
-        def rows(sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-            return conn.execute(sql, args).fetchall()
-
-        yield rows, tables
-    except sqlite3.Error as exc:
-        raise LedgerError(f"{path}: cannot read the ledger: {exc}") from None
-    finally:
-        with contextlib.suppress(sqlite3.Error):
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-        conn.close()
