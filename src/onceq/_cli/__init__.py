@@ -72,6 +72,11 @@ COMMANDS = {
         "status",
         "Queue depths, ledger counts and consumer state of every flow; nothing is written.",
     ),
+    "trace": (
+        "onceq._cli.trace",
+        "trace",
+        "One message's journey from the ledger, in time order; nothing is written.",
+    ),
 }
 
 EPILOG = (
