@@ -17,12 +17,13 @@ purged, replayed (waiting for its new attempt), retrying. The ledger keeps no ro
 a copy that was received and succeeded at the first attempt other than `messages`, so
 such a journey is one step.
 
-Every lookup is an index seek, so a trace answers as fast on a ledger of millions of
-rows as on an empty one: the flows are found by a loose index scan (one seek per
-flow, `min(flow) … WHERE flow > ?`) over the indexes that lead with the flow, then
-each flow is probed by (flow, msg_id). Only `dead_ops` (one row per operator command,
-not per message) is read whole for a flow's purges. A file that never parsed has no
-msg_id: it is found by its file name (`failures_ref`).
+A trace is ONE statement (one round trip to a PostgreSQL server) of index seeks only,
+so it answers as fast on a ledger of millions of rows as on an empty one: the flows
+are found by a loose index scan (one seek per flow, `min(flow) … WHERE flow > ?`) over
+the indexes that lead with the flow, then every table is probed by (flow, msg_id).
+Only `dead_ops` (one row per operator command, not per message) is read whole, for a
+flow's replays and purges, and only when the journey has one. A file that never parsed
+has no msg_id: it is found by its file name (`failures_ref`).
 """
 
 from __future__ import annotations
@@ -42,27 +43,39 @@ __all__ = ["Journey", "Step", "trace", "trace_in"]
 _FLOW_INDEXED = ("messages", "failures", "duplicates")
 # A loose index scan: the distinct flows of a table in one seek each (SQLite and
 # PostgreSQL both answer `min(flow) WHERE flow > ?` from the index's first column).
-_FLOWS = (
-    "WITH RECURSIVE f(flow) AS (SELECT min(flow) FROM {t} UNION ALL"
-    " SELECT (SELECT min(flow) FROM {t} WHERE flow > f.flow) FROM f WHERE f.flow IS NOT NULL)"
-    " SELECT flow FROM f WHERE flow IS NOT NULL"
+_SCAN = (
+    "{c}(flow) AS (SELECT min(flow) FROM {t} UNION ALL"
+    " SELECT (SELECT min(flow) FROM {t} WHERE flow > {c}.flow) FROM {c}"
+    " WHERE {c}.flow IS NOT NULL)"
 )
-_DONE = (
-    "SELECT processed_at, partner_duplicate, ref, source, grp, seq, kept FROM messages"
-    " WHERE flow = ? AND msg_id = ?"
+# One row shape for every table's rows of the message, so that a trace is ONE
+# statement (one round trip to a PostgreSQL server): (what, flow, at, row id, attempt,
+# action, reason, detail, delay_s, ref, op, extra). The first branch types the columns
+# (PostgreSQL takes a UNION's types from it).
+_BRANCH = {
+    # A done row carries its group in `reason`, its seq in `attempt`, partner_duplicate
+    # in `detail` and the kept fields in `extra`.
+    "messages": "SELECT 'done', m.flow, m.processed_at, CAST(NULL AS BIGINT),"
+    " CAST(m.seq AS BIGINT), CAST(NULL AS TEXT), m.grp,"
+    " CAST(m.partner_duplicate AS TEXT), CAST(NULL AS DOUBLE PRECISION), m.ref,"
+    " CAST(NULL AS BIGINT), m.kept"
+    " FROM flows JOIN messages AS m ON m.flow = flows.flow AND m.msg_id = ?1",
+    "failures": "SELECT 'failure', f.flow, f.at, f.id, f.attempt, f.action, f.reason, f.detail,"
+    " f.delay_s, f.ref, NULL, NULL"
+    " FROM flows JOIN failures AS f ON f.flow = flows.flow AND f.msg_id = ?1",
+    "replays": "SELECT 'replayed', r.flow, r.at, r.id, NULL, NULL, NULL, NULL, NULL, r.ref,"
+    " r.op, NULL FROM flows JOIN replays AS r ON r.flow = flows.flow AND r.msg_id = ?1",
+    "duplicates": "SELECT 'duplicate', d.flow, d.seen_at, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " d.ref, NULL, NULL FROM flows JOIN duplicates AS d ON d.flow = flows.flow"
+    " AND d.msg_id = ?1",
+}
+_BY_REF = (
+    "SELECT 'failure', f.flow, f.at, f.id, f.attempt, f.action, f.reason, f.detail,"
+    " f.delay_s, f.ref, NULL, NULL FROM failures AS f WHERE f.ref = ?1 AND f.msg_id IS NULL"
 )
-_DUPLICATES = "SELECT seen_at, ref FROM duplicates WHERE flow = ? AND msg_id = ?"
-_FAILURES = (
-    "SELECT id, at, attempt, action, reason, detail, delay_s, ref, source FROM failures"
-    " WHERE flow = ? AND msg_id = ? ORDER BY id"
-)
-_FAILURES_BY_REF = (
-    "SELECT id, at, attempt, action, reason, detail, delay_s, ref, source, flow FROM failures"
-    " WHERE ref = ? AND msg_id IS NULL ORDER BY id"
-)
-_REPLAYS = "SELECT id, at, ref, op, reset_after FROM replays WHERE flow = ? AND msg_id = ?"
 _REPLAYS_BY_REF = (
-    "SELECT id, at, ref, op, reset_after FROM replays WHERE flow = ? AND ref = ? AND msg_id IS NULL"
+    "SELECT 'replayed', r.flow, r.at, r.id, NULL, NULL, NULL, NULL, NULL, r.ref, r.op, NULL"
+    " FROM replays AS r WHERE r.ref = ?1 AND r.msg_id IS NULL AND r.flow = ?2"
 )
 _OPS = (
     "SELECT id, op, transport, filter, queue, started_at, finished_at, count, ids FROM dead_ops"
@@ -114,58 +127,74 @@ def trace(target: str | Path, msg_id: str, flows: Sequence[str] = ()) -> list[Jo
 
 def trace_in(reading: Reading, msg_id: str, flows: Sequence[str] = ()) -> list[Journey]:
     """`trace` over an open read-only session (the console keeps one per request)."""
-    rows = reading.rows
-    names = list(dict.fromkeys(flows)) if flows else _flows(reading)
-    found = [j for name in names if (j := _journey(reading, name, msg_id)) is not None]
-    if found or "failures" not in reading.tables:
-        return found
-    # Not a msg_id anywhere: maybe the name of a file that never parsed.
-    by_flow: dict[str, list[tuple[Any, ...]]] = {}
-    for row in rows(_FAILURES_BY_REF, (msg_id,)):
-        if not flows or row[9] in flows:
-            by_flow.setdefault(row[9], []).append(row[:9])
-    out = []
-    for name, failed in by_flow.items():
-        steps = [_failure(r) for r in failed]
-        steps += _replays(reading, name, rows(_REPLAYS_BY_REF, (name, msg_id)))
-        out.append(_finish(Journey(name, None, "", steps)))
+    sql, args = _statement(reading.tables, msg_id, flows)
+    by_flow = _group(reading.rows(sql, args))
+    if not by_flow and "failures" in reading.tables:
+        # Not a msg_id anywhere: maybe the name of a file that never parsed.
+        for flow, found in _group(reading.rows(_BY_REF, (msg_id,))).items():
+            if not flows or flow in flows:
+                by_flow[flow] = found
+                if "replays" in reading.tables:
+                    found += reading.rows(_REPLAYS_BY_REF, (msg_id, flow))
+        return [_journey(reading, flow, None, found) for flow, found in sorted(by_flow.items())]
+    return [_journey(reading, flow, msg_id, found) for flow, found in sorted(by_flow.items())]
+
+
+def _statement(
+    tables: frozenset[str], msg_id: str, flows: Sequence[str]
+) -> tuple[str, tuple[str, ...]]:
+    """The one statement of a trace: the flows (given, or found by loose index scans),
+    then every table's rows of the message in those flows."""
+    if flows:
+        names = list(dict.fromkeys(flows))
+        ctes = [
+            "flows(flow) AS (VALUES " + ", ".join(f"(?{i + 2})" for i in range(len(names))) + ")"
+        ]
+        args = (msg_id, *names)
+    else:
+        scans = [(f"f{i}", t) for i, t in enumerate(_FLOW_INDEXED) if t in tables]
+        ctes = [_SCAN.format(c=c, t=t) for c, t in scans]
+        union = " UNION ".join(f"SELECT flow FROM {c} WHERE flow IS NOT NULL" for c, _ in scans)
+        ctes.append(f"flows(flow) AS ({union})")
+        args = (msg_id,)
+    branches = " UNION ALL ".join(sql for t, sql in _BRANCH.items() if t in tables)
+    return f"WITH RECURSIVE {', '.join(ctes)} {branches}", args
+
+
+def _group(rows: list[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        out.setdefault(row[1], []).append(row)
     return out
 
 
-def _flows(reading: Reading) -> list[str]:
-    names: set[str] = set()
-    for table in _FLOW_INDEXED:
-        if table in reading.tables:
-            names.update(r[0] for r in reading.rows(_FLOWS.format(t=table)))
-    return sorted(names)
-
-
-def _journey(reading: Reading, flow: str, msg_id: str) -> Journey | None:
-    rows, tables = reading.rows, reading.tables
+def _journey(
+    reading: Reading, flow: str, msg_id: str | None, found: list[tuple[Any, ...]]
+) -> Journey:
     steps: list[Step] = []
     kept: dict[str, Any] = {}
-    done = rows(_DONE, (flow, msg_id))
-    if "failures" in tables:
-        steps += [_failure(r) for r in rows(_FAILURES, (flow, msg_id))]
-    if "replays" in tables:
-        steps += _replays(reading, flow, rows(_REPLAYS, (flow, msg_id)))
-    if "dead_ops" in tables and any(s.step == "dead" for s in steps):
+    ops: dict[int, dict[str, Any]] | None = None
+    for what, _flow, at, _id, attempt, action, reason, detail, delay_s, ref, op, extra in found:
+        if what == "failure":
+            steps.append(_failure(at, attempt, action, reason, detail, delay_s, ref))
+        elif what == "done":
+            partner = "the partner already had it" if detail not in (None, "0") else None
+            steps.append(Step(at=at, step="done", ref=ref, detail=partner))
+            kept = _kept(extra, reason, attempt)
+        elif what == "replayed":
+            if op is not None and ops is None:
+                ops = _ops_of(reading, flow)
+            steps.append(Step(at=at, step="replayed", ref=ref, op=(ops or {}).get(op)))
+        else:
+            steps.append(Step(at=at, step=what, ref=ref))
+    if msg_id is not None and "dead_ops" in reading.tables and any(s.step == "dead" for s in steps):
         steps += _purges(reading, flow, msg_id)
-    steps += [
-        Step(at=at, step="duplicate", ref=ref) for at, ref in rows(_DUPLICATES, (flow, msg_id))
-    ]
-    if done:
-        processed_at, partner_dup, ref, _source, grp, seq, kept_text = done[0]
-        detail = "the partner already had it" if partner_dup else None
-        steps.append(Step(at=processed_at, step="done", ref=ref, detail=detail))
-        kept = _kept(kept_text, grp, seq)
-    if not steps:
-        return None
     return _finish(Journey(flow, msg_id, "", steps, kept))
 
 
-def _failure(row: Sequence[Any]) -> Step:
-    _id, at, attempt, action, reason, detail, delay_s, ref, _source = row
+def _failure(
+    at: str, attempt: Any, action: str, reason: str, detail: str, delay_s: Any, ref: str
+) -> Step:
     return Step(
         at=at,
         step=_STEP_OF_ACTION.get(action, action),
@@ -175,14 +204,6 @@ def _failure(row: Sequence[Any]) -> Step:
         detail=detail or None,
         delay_s=None if delay_s is None else float(delay_s),
     )
-
-
-def _replays(reading: Reading, flow: str, found: list[tuple[Any, ...]]) -> list[Step]:
-    ops = _ops_of(reading, flow) if any(r[3] is not None for r in found) else {}
-    return [
-        Step(at=at, step="replayed", ref=ref, op=ops.get(op) if op is not None else None)
-        for _id, at, ref, op, _reset in found
-    ]
 
 
 def _purges(reading: Reading, flow: str, msg_id: str) -> list[Step]:
@@ -255,5 +276,5 @@ def _kept(text: Any, grp: Any, seq: Any) -> dict[str, Any]:
     if grp is not None:
         kept.setdefault("group", grp)
     if seq is not None:
-        kept.setdefault("seq", seq)
+        kept.setdefault("seq", int(seq))
     return kept
