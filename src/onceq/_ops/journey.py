@@ -17,10 +17,11 @@ purged, replayed (waiting for its new attempt), retrying. The ledger keeps no ro
 a copy that was received and succeeded at the first attempt other than `messages`, so
 such a journey is one step.
 
-A trace is ONE statement (one round trip to a PostgreSQL server) of index seeks only,
-so it answers as fast on a ledger of millions of rows as on an empty one: the flows
-are found by a loose index scan (one seek per flow, `min(flow) … WHERE flow > ?`) over
-the indexes that lead with the flow, then every table is probed by (flow, msg_id).
+A trace is two statements (two round trips to a PostgreSQL server) of index seeks
+only, so it answers as fast on a ledger of millions of rows as on an empty one: the
+flows, found by a loose index scan (one seek per flow, `min(flow) … WHERE flow > ?`)
+over the indexes that lead with the flow (skipped with --flow); then one statement
+probes every table by (flow, msg_id) for those flows.
 Only `dead_ops` (one row per operator command, not per message) is read whole, for a
 flow's replays and purges, and only when the journey has one. A file that never parsed
 has no msg_id: it is found by its file name (`failures_ref`).
@@ -127,8 +128,8 @@ def trace(target: str | Path, msg_id: str, flows: Sequence[str] = ()) -> list[Jo
 
 def trace_in(reading: Reading, msg_id: str, flows: Sequence[str] = ()) -> list[Journey]:
     """`trace` over an open read-only session (the console keeps one per request)."""
-    sql, args = _statement(reading.tables, msg_id, flows)
-    by_flow = _group(reading.rows(sql, args))
+    names = list(dict.fromkeys(flows)) or [r[0] for r in reading.rows(_flows(reading.tables))]
+    by_flow = _group(reading.rows(*_statement(reading.tables, msg_id, names))) if names else {}
     if not by_flow and "failures" in reading.tables:
         # Not a msg_id anywhere: maybe the name of a file that never parsed.
         for flow, found in _group(reading.rows(_BY_REF, (msg_id,))).items():
@@ -143,22 +144,22 @@ def trace_in(reading: Reading, msg_id: str, flows: Sequence[str] = ()) -> list[J
 def _statement(
     tables: frozenset[str], msg_id: str, flows: Sequence[str]
 ) -> tuple[str, tuple[str, ...]]:
-    """The one statement of a trace: the flows (given, or found by loose index scans),
-    then every table's rows of the message in those flows."""
-    if flows:
-        names = list(dict.fromkeys(flows))
-        ctes = [
-            "flows(flow) AS (VALUES " + ", ".join(f"(?{i + 2})" for i in range(len(names))) + ")"
-        ]
-        args = (msg_id, *names)
-    else:
-        scans = [(f"f{i}", t) for i, t in enumerate(_FLOW_INDEXED) if t in tables]
-        ctes = [_SCAN.format(c=c, t=t) for c, t in scans]
-        union = " UNION ".join(f"SELECT flow FROM {c} WHERE flow IS NOT NULL" for c, _ in scans)
-        ctes.append(f"flows(flow) AS ({union})")
-        args = (msg_id,)
+    """The statement of a trace: every table's rows of the message in `flows`.
+
+    The flows are a VALUES list, not a subquery: PostgreSQL then knows how few they
+    are and seeks each table's index once per flow (from the recursive scan it
+    guessed 300 flows and read small tables whole)."""
+    values = ", ".join(f"(?{i + 2})" for i in range(len(flows)))
     branches = " UNION ALL ".join(sql for t, sql in _BRANCH.items() if t in tables)
-    return f"WITH RECURSIVE {', '.join(ctes)} {branches}", args
+    return f"WITH flows(flow) AS (VALUES {values}) {branches}", (msg_id, *flows)
+
+
+def _flows(tables: frozenset[str]) -> str:
+    """The statement listing every flow of the ledger: loose index scans, one seek per flow."""
+    scans = [(f"f{i}", t) for i, t in enumerate(_FLOW_INDEXED) if t in tables]
+    ctes = ", ".join(_SCAN.format(c=c, t=t) for c, t in scans)
+    union = " UNION ".join(f"SELECT flow FROM {c} WHERE flow IS NOT NULL" for c, _ in scans)
+    return f"WITH RECURSIVE {ctes} {union}"
 
 
 def _group(rows: list[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
