@@ -25,6 +25,8 @@ from onceq._ops.ledger_read import NoLedger, Rows, read_only
 COUNTS = {
     "processed": "SELECT flow, count(*) FROM messages GROUP BY flow",
     "duplicates": "SELECT flow, count(*) FROM duplicates GROUP BY flow",
+    # attempts that failed and were tried again (at once or after a delay)
+    "retried": "SELECT flow, count(*) FROM failures WHERE action <> 'dead' GROUP BY flow",
 }
 # Per flow and reason; a failure without msg_id (it never parsed) is matched to its
 # replays by file (ref), as `record_replay` finds its message.
@@ -95,7 +97,14 @@ class LedgerView:
 
 
 def empty_counts() -> dict[str, Any]:
-    return {"processed": 0, "duplicates": 0, "dead": 0, "dead_by_reason": {}, "failures": 0}
+    return {
+        "processed": 0,
+        "duplicates": 0,
+        "dead": 0,
+        "dead_by_reason": {},
+        "failures": 0,
+        "retried": 0,
+    }
 
 
 def consumer_row(row: Sequence[Any], now: datetime) -> dict[str, Any]:
