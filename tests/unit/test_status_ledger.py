@@ -108,7 +108,9 @@ def test_the_sqlite_read_refuses_writes(tmp_path: object) -> None:
     db = Path(str(tmp_path)) / "ledger.db"
     open_ledger(db, flow="a").close()
     with read_only(db) as reading, pytest.raises(sqlite3.OperationalError):
-        reading.rows("INSERT INTO messages (flow, msg_id, processed_at, source) VALUES ('a','m','t','x')")
+        reading.rows(
+            "INSERT INTO messages (flow, msg_id, processed_at, source) VALUES ('a','m','t','x')"
+        )
 
 
 def test_the_pg_read_is_a_read_only_transaction(pg_url: str) -> None:

@@ -94,7 +94,12 @@ class Guard:
         if refused is not None:
             response: web.StreamResponse = web.json_response({"error": refused}, status=403)
         else:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:  # no such route, method …: JSON, headers too
+                response = web.json_response({"error": exc.reason}, status=exc.status)
+                if "Allow" in exc.headers:  # a 405 says which methods there are
+                    response.headers["Allow"] = exc.headers["Allow"]
         response.headers.update(HEADERS)
         return response
 
@@ -106,7 +111,8 @@ class Guard:
             return None  # the page and its assets hold nothing
         if self.token is not None and not _same(_bearer(request), self.token):
             return "a valid token is needed (Authorization: Bearer TOKEN)"
-        if request.method not in ("GET", "HEAD", "OPTIONS"):
+        unrouted = request.match_info.http_exception is not None  # answered 404/405 anyway
+        if request.method not in ("GET", "HEAD", "OPTIONS") and not unrouted:
             origin = request.headers.get("Origin")
             if origin is not None and origin != f"{request.scheme}://{request.host}":
                 return "a change from another origin is refused"

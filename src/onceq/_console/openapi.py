@@ -128,7 +128,8 @@ ANSWER = _obj(
 
 
 def _query(name: str, what: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": True, "schema": _STR, "description": what}
+    schema = {"type": "string", "minLength": 1, "maxLength": 1024}
+    return {"name": name, "in": "query", "required": True, "schema": schema, "description": what}
 
 
 _FLOW_PARAM = {"name": "flow", "in": "path", "required": True, "schema": _STR}

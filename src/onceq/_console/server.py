@@ -21,6 +21,7 @@ from onceq._console.guard import Guard, check_bind
 from onceq._console.state import ConsoleState
 from onceq.errors import Conflict
 
+MAX_LINE = 32 * 1024
 ASSETS = {
     "/": ("index.html", "text/html"),
     "/console.js": ("console.js", "text/javascript"),
@@ -54,7 +55,9 @@ def _asset(name: str, kind: str) -> Any:
 
 
 async def start(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+    # A request line as long as the document allows (1,024 characters of a query value,
+    # percent-encoded up to 12 bytes each) is parsed, not refused as text by the parser.
+    runner = web.AppRunner(app, access_log=None, max_line_size=MAX_LINE)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -40,7 +40,7 @@ function el(tag, attrs, ...children) {
 }
 
 // replaceChildren without the nulls of optional parts (it would write "null").
-function fill(view, ...nodes) { fill(view, ...nodes.filter((n) => n !== null && n !== undefined)); }
+function fill(view, ...nodes) { view.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined)); }
 
 function table(headers, rows, klass) {
   return el("table", { class: klass },
@@ -96,7 +96,7 @@ async function showFlows(view) {
       num(oldest === null || oldest === undefined ? null : oldest.toFixed(0) + " s"),
       el("td", { class: f.breaker === "open" ? "bad" : "" }, f.breaker || "–"),
       el("td", {}, consumers.length ? consumers : el("span", { class: "muted" }, "none")),
-      el("td", { class: "n" }, f.ledger ? String(f.ledger.processed) : "–"),
+      el("td", { class: "n processed" }, f.ledger ? String(f.ledger.processed) : "–"),
       el("td", { class: "bad" }, f.queue_error || ""));
   });
   fill(view, 
@@ -165,6 +165,7 @@ function confirmDialog(text) {
   });
 }
 
+const DONE = { replay: "Replayed", purge: "Purged" };
 let acting = false;
 async function act(action, flow, selection, count) {
   if (acting || session.read_only) return; // one action at a time; a double click does nothing
@@ -179,7 +180,7 @@ async function act(action, flow, selection, count) {
       body: JSON.stringify(body),
     });
     const skipped = doc.skipped.length ? ", " + doc.skipped.length + " left: " + doc.skipped.map((s) => s.key + " (" + s.why + ")").join("; ") : "";
-    notice(cap(action) + "ed " + doc.done + " of " + doc.matched + (doc.op ? " (audit #" + doc.op + ")" : "") + skipped + ".", "ok");
+    notice(DONE[action] + " " + doc.done + " of " + doc.matched + (doc.op ? " (audit #" + doc.op + ")" : "") + skipped + ".", "ok");
   } catch (e) {
     notice(cap(action) + " refused: " + e.message, "bad");
   } finally {
