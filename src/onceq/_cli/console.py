@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import click
 
 from onceq._cli.db_option import db_option
+from onceq._cli.ops_options import token_file_option
 from onceq._cli.run import load_or_exit
+from onceq._console.guard import read_token
+from onceq._console.server import serve
+from onceq._console.state import ConsoleState
 from onceq._core.logs import say
 from onceq._core.logs import setup as setup_logs
 from onceq.errors import NotFound
 
 DEFAULT_FILE = "flows.toml"
 DEFAULT_PORT = 8025
-
-
-def console_options(f: Any) -> Any:
-    """--host and --token-file, shared with `onceq run --console-port`."""
-    f = click.option(
-        "--token-file",
-        type=click.Path(path_type=Path, dir_okay=False),
-        metavar="FILE",
-        help="The console's token, on FILE's first line (else ONCEQ_CONSOLE_TOKEN); needed"
-        " for any --console-host/--host but 127.0.0.1.",
-    )(f)
-    return f
 
 
 @click.command()
@@ -46,7 +39,7 @@ def console_options(f: Any) -> Any:
     metavar="URL|off",
     help="RabbitMQ management API for unacked counts (as `onceq status`).",
 )
-@console_options
+@token_file_option
 def console(
     file: Path | None,
     db: Any,
@@ -81,10 +74,6 @@ def console(
       onceq console flows.toml --read-only --port 8026
       ONCEQ_CONSOLE_TOKEN=$(cat token) onceq console flows.toml --host 0.0.0.0
     """
-    from onceq._console.guard import read_token
-    from onceq._console.server import serve
-    from onceq._console.state import ConsoleState
-
     setup_logs()
     token = read_token(token_file)
     if file is None:
@@ -102,6 +91,4 @@ def console(
 
 
 def _listening(url: str) -> None:
-    import logging
-
     say(f"console: {url} (Ctrl-C stops it)", "console-listening", logging.INFO)

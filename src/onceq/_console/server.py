@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from onceq._console.api import CSRF, STATE, add_routes, errors
-from onceq._console.guard import Guard, check_bind
+from onceq._console.guard import Guard, check_bind, read_token
 from onceq._console.state import ConsoleState
 from onceq.errors import Conflict
 
@@ -135,3 +135,10 @@ class ConsoleThread:
             with contextlib.suppress(RuntimeError):  # its loop already ended
                 self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
+
+
+def beside_run(flows: Any, ledger: Any, host: str, port: int, token_file: Any) -> ConsoleThread:
+    """`onceq run --console-port`: the console of a run's flows, listening once this returns."""
+    console = ConsoleThread(ConsoleState(flows, ledger), host, port, read_token(token_file))
+    console.start()
+    return console
