@@ -112,10 +112,10 @@ async function showFailures(view) {
     class: "link", "data-flow": g.flow, "data-reason": g.reason,
     onclick: () => { location.hash = "#/failures/" + encodeURIComponent(g.flow) + "/" + encodeURIComponent(g.reason); },
   }, el("td", {}, g.flow), el("td", { class: "bad" }, g.reason), num(g.count),
-    el("td", {}, g.first || "–"), el("td", {}, g.last || "–"), el("td", { class: "muted" }, g.where)));
+    el("td", {}, when(g.first)), el("td", {}, when(g.last)), el("td", { class: "muted" }, g.where)));
   const errs = Object.entries(doc.errors).map(([f, e]) => el("p", { class: "bad" }, f + ": " + e));
   fill(view, el("h1", {}, "Failures"), ...errs,
-    rows.length ? table(["flow", "reason", "count", "first", "last", "in"], rows, "groups")
+    rows.length ? table(["flow", "reason", "count", "first (UTC)", "last (UTC)", "in"], rows, "groups")
       : el("p", { class: "ok" }, "No dead letters."));
 }
 
@@ -132,7 +132,7 @@ async function showGroup(view, flow, reason) {
     return el("tr", { "data-key": it.key },
       el("td", {}, box),
       el("td", {}, it.key ? el("a", { href: "#/message/" + encodeURIComponent(flow) + "/" + encodeURIComponent(it.key) }, it.key) : "(no id)"),
-      el("td", {}, it.detail || ""), num(it.attempts), el("td", {}, it.died_at || "–"), num(it.size));
+      el("td", {}, it.detail || ""), num(it.attempts), el("td", {}, when(it.died_at)), num(it.size));
   });
   const chosen = () => boxes.filter((b) => b.checked).map((b) => b.value);
   const buttons = [];
@@ -150,8 +150,11 @@ async function showGroup(view, flow, reason) {
     el("h1", {}, flow + " · " + reason),
     el("p", { class: "muted" }, doc.items.length + " dead letter(s)"),
     actions.length && doc.items.length ? el("div", { class: "actions" }, buttons) : null,
-    table(["", "key", "detail", "attempts", "died", "bytes"], rows, "items"));
+    table(["", "key", "detail", "attempts", "died (UTC)", "bytes"], rows, "items"));
 }
+
+// 2026-12-06T23:13:10.795570+00:00 -> 2026-12-06 23:13:10 (every time shown is UTC)
+function when(iso) { return iso ? String(iso).replace("T", " ").slice(0, 19) : "–"; }
 
 function cap(s) { return s.charAt(0).toUpperCase() + s.slice(1); }
 
@@ -199,8 +202,8 @@ function journeys(list) {
   if (!list.length) return [el("p", { class: "muted" }, "The ledger holds no journey for it.")];
   return list.map((j) => el("section", { class: "journey", "data-flow": j.flow },
     el("h2", {}, j.flow + " · " + (j.msg_id || "(never parsed)") + " · ", el("span", { class: j.state === "done" ? "ok" : "bad" }, j.state)),
-    table(["at", "step", "attempt", "reason", "detail", "ref"], j.steps.map((s) => el("tr", { "data-step": s.step },
-      el("td", {}, s.at), el("td", {}, s.step), num(s.attempt), el("td", {}, s.reason || ""),
+    table(["at (UTC)", "step", "attempt", "reason", "detail", "ref"], j.steps.map((s) => el("tr", { "data-step": s.step },
+      el("td", {}, when(s.at)), el("td", {}, s.step), num(s.attempt), el("td", {}, s.reason || ""),
       el("td", {}, s.op ? s.op.op + " #" + s.op.id + " (" + s.op.count + ")" : (s.delay_s !== null && s.delay_s !== undefined ? "next try in " + s.delay_s + " s" : "") + (s.detail || "")),
       el("td", {}, s.ref || ""))), "steps")));
 }
