@@ -220,6 +220,7 @@ def test_status_never_creates_or_changes_a_ledger(tmp_path: Path) -> None:
         "dead": 0,
         "dead_by_reason": {},
         "failures": 0,
+        "retried": 0,
     }
     # A ledger with rows: its bytes are the same after status.
     (tmp_path / "q" / "inbox" / "m1.json").write_text('{"id": "m1"}')

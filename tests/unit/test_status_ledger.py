@@ -46,6 +46,7 @@ def test_counts_dead_letters_by_reason_net_of_replays(ledger_target: str) -> Non
         "dead": 2,
         "dead_by_reason": {"http-422": 1, "parse": 1},
         "failures": 4,
+        "retried": 0,
     }
     assert view.flow_counts("b")["dead_by_reason"] == {"http-503": 1}
     assert view.flow_counts("nope")["processed"] == 0

@@ -27,6 +27,11 @@ COMMANDS = {
         "check",
         "Check a flow file: every mistake one line, exit 2; nothing is run or created.",
     ),
+    "console": (
+        "onceq._cli.console",
+        "console",
+        "Serve the operator's console (a web page) until Ctrl-C.",
+    ),
     "demo": (
         "onceq._cli.demo",
         "demo",

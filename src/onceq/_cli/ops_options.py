@@ -7,6 +7,7 @@ The same four options on every long-running command (`mq consume`, `dirq consume
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -66,3 +67,14 @@ def telemetry_for(ops: OpsOptions) -> Telemetry:
     telemetry = Telemetry(ops)
     telemetry.bind()
     return telemetry
+
+
+def token_file_option(f: Any) -> Any:
+    """--token-file: the console's token (`onceq console`, `onceq run --console-port`)."""
+    return click.option(
+        "--token-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        metavar="FILE",
+        help="The console's token, on FILE's first line (else ONCEQ_CONSOLE_TOKEN); needed"
+        " for any console address but a loopback one.",
+    )(f)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any
 
 import click
 
-from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for
+from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for, token_file_option
 from onceq._cli.output import Seconds, emit_json, fail, note_new_ledger, print_run_summary
+from onceq._core.logs import say
 from onceq._core.logs import setup as setup_logs
 from onceq._core.redact import redact_url
 from onceq._effects.http import HttpEffect
@@ -97,6 +99,20 @@ def check(file: Path, as_json: bool) -> None:
     click.echo(f"{file}: OK, {len(rows)} flow(s), ledger {describe_target(ff.ledger)}")
 
 
+def _console(ff: Any, flags: dict[str, Any]) -> Any:
+    """The console beside the run (--console-port), listening before the first message."""
+    port, host = flags.pop("console_port", None), flags.pop("console_host", "127.0.0.1")
+    token_file = flags.pop("token_file", None)
+    if port is None:
+        return None
+    # why: aiohttp's server and the page load only when a console is asked for
+    from onceq._console import server
+
+    console = server.beside_run(ff.flows, ff.ledger, host, port, token_file)
+    say(f"console: {server.url_of(host, port)}", "console-listening", logging.INFO)
+    return console
+
+
 def _effect_word(flow: Any) -> str:
 
     if flow.effect is None:
@@ -128,6 +144,19 @@ def _effect_word(flow: Any) -> str:
     help="Stop every flow cleanly after N seconds (default: run until SIGTERM/SIGINT).",
 )
 @ops_options
+@click.option(
+    "--console-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve the operator's console (as `onceq console FILE`) on PORT during the run.",
+)
+@click.option(
+    "--console-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of --console-port; any but a loopback address needs a token.",
+)
+@token_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run(
     file: Path,
@@ -159,6 +188,9 @@ def run(
     a 401/403: a misconfiguration) stops the whole run cleanly, exit 10 with
     one line naming it; a flow's `guard` key sets or turns off that guard.
 
+    --console-port serves the operator's console (`onceq console --help`) for the
+    run's length; a port in use exits 4 before anything is touched.
+
     --metrics-port (or the file's [metrics] port; the flag wins) serves Prometheus
     metrics at /metrics and a health check at /healthz until the run's end; a port
     in use exits 4 before anything is touched.
@@ -168,6 +200,7 @@ def run(
       onceq partner invoices --port 9300 &
       onceq run flows.toml --until-empty
       onceq run flows.toml --flow invoices --max-seconds 60 --json
+      onceq run flows.toml --console-port 8025 &    # http://127.0.0.1:8025/
       onceq run flows.toml --metrics-port 9464 &
       curl -s http://127.0.0.1:9464/metrics; curl -s http://127.0.0.1:9464/healthz
     """
@@ -184,9 +217,18 @@ def run(
         metrics_host=host_flag or ff.metrics_host or ops.metrics_host,
     )
     telemetry = telemetry_for(ops)
-    report = run_report(
-        ff.flows, ff.ledger, until_empty=until_empty, max_seconds=max_seconds, telemetry=telemetry
-    )
+    console = _console(ff, flags)
+    try:
+        report = run_report(
+            ff.flows,
+            ff.ledger,
+            until_empty=until_empty,
+            max_seconds=max_seconds,
+            telemetry=telemetry,
+        )
+    finally:
+        if console is not None:
+            console.close()
     error = run_error(
         report,
         ff.flows,

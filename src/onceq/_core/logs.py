@@ -122,6 +122,7 @@ EVENTS: dict[str, str] = {
     # the CLI's own lines, and lines of other libraries
     "error": "the command failed (the one line it exits with)",
     "new-ledger": "this run made a new ledger: it has seen no message before",
+    "console-listening": "the console serves its page at this URL",
     "python-warning": "a Python warning (warnings module)",
     "log": "a line of another library (aiohttp, psycopg, asyncio …) or without an event",
 }

@@ -14,7 +14,7 @@ adds rates (`onceq._ops.status_watch`). The shape, stable keys (documented in RE
                | {"kind": "rabbitmq", "queues": [{"state": ready|retry|dead, "name",
                   "exists", "ready", "unacked", "consumers"}]} | null,
         "queue_error": null | why the queue could not be read (one line),
-        "ledger": {"processed", "duplicates", "dead", "dead_by_reason": {reason: n},
+        "ledger": {"processed", "duplicates", "dead", "dead_by_reason": {reason: n}, "retried",
                    "failures"} | null (the ledger could not be read),
         "consumers": [{"consumer", "host", "pid", "started_at", "updated_at", "age_s",
                        "every_s", "status": running|stopped|stale, "stale", "breaker",

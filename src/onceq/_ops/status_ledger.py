@@ -26,14 +26,22 @@ COUNTS = {
     "processed": "SELECT flow, count(*) FROM messages GROUP BY flow",
     "duplicates": "SELECT flow, count(*) FROM duplicates GROUP BY flow",
 }
-# Per flow and reason; a failure without msg_id (it never parsed) is matched to its
-# replays by file (ref), as `record_replay` finds its message.
-DEAD = (
-    "SELECT f.flow, f.reason, count(*) FROM failures AS f WHERE f.action = 'dead'"
-    " AND f.id > coalesce((SELECT max(r.reset_after) FROM replays AS r WHERE r.flow = f.flow"
-    " AND r.msg_id = f.msg_id), 0)"
-    " AND NOT (f.msg_id IS NULL AND EXISTS (SELECT 1 FROM replays AS r WHERE r.flow = f.flow"
-    " AND r.ref = f.ref AND r.at >= f.at))"
+# Per flow and reason, in ONE pass over failures: every failure, those retried (at once
+# or after a delay), and the dead letters — dead failures no replay has undone. A
+# replay undoes the failures of its msg_id up to its reset_after (the replays are
+# aggregated once and joined, not looked up per row: 33k dead rows cost 80-200 ms that
+# way); a failure without msg_id (it never parsed) is matched to its replays by file
+# (ref), as `record_replay` finds its message, only for those rows.
+FAILURES = (
+    "SELECT f.flow, f.reason, count(*),"
+    " sum(CASE WHEN f.action <> 'dead' THEN 1 ELSE 0 END),"
+    " sum(CASE WHEN f.action <> 'dead' THEN 0"
+    " WHEN f.msg_id IS NOT NULL THEN CASE WHEN f.id > coalesce(rr.reset, 0) THEN 1 ELSE 0 END"
+    " WHEN EXISTS (SELECT 1 FROM replays AS r WHERE r.flow = f.flow AND r.ref = f.ref"
+    " AND r.at >= f.at) THEN 0 ELSE 1 END)"
+    " FROM failures AS f LEFT JOIN (SELECT flow, msg_id, max(reset_after) AS reset"
+    " FROM replays WHERE msg_id IS NOT NULL GROUP BY flow, msg_id) AS rr"
+    " ON rr.flow = f.flow AND rr.msg_id = f.msg_id"
     " GROUP BY f.flow, f.reason"
 )
 CONSUMERS = (
@@ -73,17 +81,17 @@ class LedgerView:
             for flow, n in rows(sql):
                 self._flow(flow)[key] = int(n)
                 names.add(flow)
-        for flow, reason, n in rows(DEAD):
-            entry = self._flow(flow)
-            entry["dead_by_reason"][reason] = int(n)
-            entry["dead"] += int(n)
-            names.add(flow)
         if "consumers" in tables:  # a schema-3 ledger no consumer of this release opened
             for row in rows(CONSUMERS):
                 self.consumers.setdefault(row[0], []).append(consumer_row(row, now))
                 names.add(row[0])
-        for flow, n in rows("SELECT flow, count(*) FROM failures GROUP BY flow"):
-            self._flow(flow)["failures"] = int(n)
+        for flow, reason, n, retried, dead in rows(FAILURES):
+            entry = self._flow(flow)
+            entry["failures"] += int(n)
+            entry["retried"] += int(retried or 0)
+            if dead:
+                entry["dead_by_reason"][reason] = int(dead)
+                entry["dead"] += int(dead)
             names.add(flow)
         self.flows = sorted(names)
 
@@ -95,7 +103,14 @@ class LedgerView:
 
 
 def empty_counts() -> dict[str, Any]:
-    return {"processed": 0, "duplicates": 0, "dead": 0, "dead_by_reason": {}, "failures": 0}
+    return {
+        "processed": 0,
+        "duplicates": 0,
+        "dead": 0,
+        "dead_by_reason": {},
+        "failures": 0,
+        "retried": 0,
+    }
 
 
 def consumer_row(row: Sequence[Any], now: datetime) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from onceq._sources.feed import Feed
 
 if TYPE_CHECKING:
     from onceq._core.keys import Mistakes
+    from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 
 __all__ = ["BUILTIN", "SourceType", "kinds", "named", "of", "register", "types"]
 
@@ -75,6 +76,23 @@ class SourceType:
     def problem(self, flow: Any, transport: Any) -> str | None:
         """Why this flow's running consumer is unhealthy for /healthz, from its source, or None."""
         return None
+
+    # -- dead letters (the console; onceq._sources.dead_api) -----------------------------
+    # What the console may do with this kind's dead letters: "replay", "purge".
+    dead_actions: frozenset[str] = frozenset()
+
+    async def dead_items(
+        self, flow: Any, ledger: Any, selection: DeadSelection, *, bodies: bool = False
+    ) -> list[DeadItem]:
+        """The flow's dead letters the selection matches, left where they are."""
+        raise NotImplementedError(f"a {self.kind} source has no dead letters onceq can read")
+
+    async def dead_action(
+        self, action: str, flow: Any, ledger: Any, selection: DeadSelection
+    ) -> DeadAction:
+        """Replay or purge the selected dead letters, by the code of this kind's own
+        commands (ledger reset, confirmed copy, audit row); only `dead_actions`."""
+        raise NotImplementedError(f"a {self.kind} source cannot {action} dead letters")
 
     # -- the command line -------------------------------------------------------------
     def flag_keys(self) -> dict[str, str]:

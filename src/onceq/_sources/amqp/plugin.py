@@ -21,6 +21,7 @@ from onceq._sources.amqp.depths import RabbitDepths
 from onceq._sources.amqp.open import RabbitFeed
 from onceq._sources.amqp.status import flow_depths
 from onceq._sources.amqp.topology import Topology
+from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 from onceq._sources.registry import SourceType
 from onceq.errors import OnceqError
 
@@ -118,6 +119,25 @@ class RabbitType(SourceType):
 
     def open(self, flow: Any, until_empty: bool) -> RabbitFeed:
         return RabbitFeed(flow, until_empty)
+
+    dead_actions = frozenset({"replay", "purge"})
+
+    async def dead_items(
+        self, flow: Any, ledger: Any, selection: DeadSelection, *, bodies: bool = False
+    ) -> list[DeadItem]:
+        # why: aiormq loads when a dead-letter queue is read, not with the source type
+        from onceq._sources.amqp import dead_items
+
+        return await dead_items.items(flow, ledger, selection, bodies=bodies)
+
+    async def dead_action(
+        self, action: str, flow: Any, ledger: Any, selection: DeadSelection
+    ) -> DeadAction:
+        if action not in self.dead_actions:
+            return await super().dead_action(action, flow, ledger, selection)
+        from onceq._sources.amqp import dead_items
+
+        return await dead_items.action(action, flow, ledger, selection)
 
     def flag_keys(self) -> dict[str, str]:
         return {"queue": "queue", "prefetch": "prefetch"}  # mq consume --queue Q --prefetch N

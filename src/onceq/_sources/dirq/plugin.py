@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from onceq._core.keys import Mistakes, get
-from onceq._sources.dirq import run
+from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
+from onceq._sources.dirq import dead_items, run
 from onceq._sources.dirq.open import DirFeed
+from onceq._sources.dirq.queue import DirQueue
 from onceq._sources.dirq.scan import DirScan, dirq_depths
 from onceq._sources.registry import SourceType
 
@@ -85,6 +87,22 @@ class DirqType(SourceType):
 
     def fan_out(self, n: int, child: Any, watch: Any, ctx: Any) -> Any:
         return run.fan_out(n, child, watch, ctx)
+
+    dead_actions = frozenset({"replay"})  # a purge of error/ is not written yet
+
+    async def dead_items(
+        self, flow: Any, ledger: Any, selection: DeadSelection, *, bodies: bool = False
+    ) -> list[DeadItem]:
+        queue = DirQueue(flow.source.path).check()
+        return await asyncio.to_thread(dead_items.items, queue, ledger, selection, bodies=bodies)
+
+    async def dead_action(
+        self, action: str, flow: Any, ledger: Any, selection: DeadSelection
+    ) -> DeadAction:
+        if action not in self.dead_actions:
+            return await super().dead_action(action, flow, ledger, selection)
+        queue = DirQueue(flow.source.path).check()
+        return await asyncio.to_thread(dead_items.replay, queue, ledger, selection)
 
 
 DIRQ = DirqType()
