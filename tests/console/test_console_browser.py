@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from console_support import Served, dead_queue, run_apart, serve
@@ -242,6 +243,15 @@ def test_purge_with_confirmation_on_rabbitmq(page: Any, amqp_url: str, tmp_path:
     publish = ["mq", "publish", *files, "--exchange", "inv", "--routing-key", "inv"]
     subprocess.run([*onceq, *publish, "--id-field", "invoiceId"], env=env, check=True,
                    capture_output=True)  # fmt: skip
+    # One more, with a header holding a secret: the console shows its name, never its value.
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        props = pika.BasicProperties(
+            message_id="INV-9", delivery_mode=2, headers={"X-Api-Key": "s3cret-header-value"}
+        )
+        conn.channel().basic_publish("inv", "inv", b'{"invoiceId": "INV-9"}', props)
+    finally:
+        conn.close()
     flow = Flow(
         "inv",
         RabbitSource("inv.in", url=amqp_url),
@@ -253,8 +263,16 @@ def test_purge_with_confirmation_on_rabbitmq(page: Any, amqp_url: str, tmp_path:
     with pytest.raises(AllFailed):  # every message refused: the batch says so (exit 11)
         run_apart(flow, ledger)
     for s in serve(flow, tmp_path, ledger):
+        page.goto(s.url + "/#/message/inv/INV-9")
+        playwright_api.expect(page.locator("table.props")).to_contain_text("X-Api-Key")
+        seen = page.content() + page.evaluate(
+            """async () => JSON.stringify([await (await fetch("/api/flows")).json(),
+                await (await fetch("/api/flows/inv/dead?key=INV-9")).json()])"""
+        )
+        password = amqp_url.split("@")[0].rsplit(":", 1)[1]
+        assert "s3cret-header-value" not in seen and f":{password}@" not in seen
         page.goto(s.url + "/#/failures/inv/rejected")
-        playwright_api.expect(page.locator("table.items tbody tr")).to_have_count(3)
+        playwright_api.expect(page.locator("table.items tbody tr")).to_have_count(4)
         page.check("input[value='INV-1']")
         page.click("button[data-action=purge-selected]")
         playwright_api.expect(page.locator("#confirm-text")).to_have_text(
@@ -262,7 +280,7 @@ def test_purge_with_confirmation_on_rabbitmq(page: Any, amqp_url: str, tmp_path:
         )
         page.click("#confirm-ok")
         playwright_api.expect(page.locator("#notice")).to_contain_text("Purged 1 of 1")
-        playwright_api.expect(page.locator("table.items tbody tr")).to_have_count(2)
+        playwright_api.expect(page.locator("table.items tbody tr")).to_have_count(3)
         assert page.locator("tr[data-key='INV-1']").count() == 0
     with __import__("sqlite3").connect(ledger) as db:
         assert db.execute("SELECT op, ids FROM dead_ops").fetchall() == [("purge", '["INV-1"]')]
