@@ -82,7 +82,7 @@ def test_failures_are_grouped_and_a_message_shows_body_and_journey(tmp_path: Pat
         assert found["journeys"][0]["state"] == "done"
         flows = await (await client.get("/api/flows")).json()
         assert flows["flows"]["f"]["ledger"]["processed"] == 3
-        assert flows["flows"]["f"]["actions"] == ["replay"]
+        assert flows["flows"]["f"]["actions"] == ["purge", "replay"]
 
     serve(ConsoleState([flow], ledger), check)
 
@@ -148,11 +148,32 @@ def test_a_changed_count_is_refused(tmp_path: Path) -> None:
             r.status == 409
             and "3 dead letter(s) match now, 2 were confirmed" in (await r.json())["error"]
         )
-        r = await client.post("/api/flows/f/dead/purge", json={**body, "expect": 3}, headers=h)
-        assert r.status == 400 and "cannot be purged" in (await r.json())["error"]
 
     serve(ConsoleState([flow], ledger), check)
     assert error_names(tmp_path) == before
+
+
+def test_a_purge_removes_the_selected_files_audited_and_the_journey_says_so(
+    tmp_path: Path,
+) -> None:
+    flow, ledger = queue_with_dead(tmp_path)
+
+    async def check(client: TestClient[Any, Any]) -> None:
+        h = {"X-CSRF-Token": await csrf(client)}
+        body = {"keys": ["m3.json"], "expect": 1, "request_id": "req-purge-001"}
+        r = await client.post("/api/flows/f/dead/purge", json=body, headers=h)
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+        assert (answer["matched"], answer["done"], answer["skipped"]) == (1, 1, [])
+        found = await (await client.get("/api/search", params={"id": "m3"})).json()
+        assert [s["step"] for s in found["journeys"][0]["steps"]] == ["dead", "purged"]
+        assert found["journeys"][0]["state"] == "purged"
+
+    serve(ConsoleState([flow], ledger), check)
+    assert error_names(tmp_path) == ["m1.json", "m5.json"]
+    with __import__("sqlite3").connect(ledger) as db:
+        rows = db.execute("SELECT transport, op, ids, count, finished_at IS NOT NULL FROM dead_ops")
+        assert rows.fetchall() == [("dirq", "purge", '["m3"]', 1, 1)]
 
 
 @pytest.mark.parametrize(

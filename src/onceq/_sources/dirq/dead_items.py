@@ -1,7 +1,8 @@
 """A directory queue's dead letters (the files in error/) in the console's shape.
 
 Listing reads error/ and the ledger as `dirq dead list` does (`dead.dead_files`); a
-replay is `dirq replay`'s (`dead.check_replayable`, then `dead.replay_files`: the audit
+purge deletes files from error/ with the audit `mq dead purge` keeps; a replay is
+`dirq replay`'s (`dead.check_replayable`, then `dead.replay_files`: the audit
 row, the ledger reset, link into inbox/, unlink from error/), so the console and the
 command cannot differ. A file is selected by its name: a name is unique in error/,
 an id is not (a re-sent copy that died too). The selection is matched against
@@ -17,9 +18,10 @@ from typing import Any
 
 from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 from onceq._sources.dirq.dead import DeadFile, check_replayable, dead_files, replay_files
+from onceq._sources.dirq.files import fsync_dir
 from onceq._sources.dirq.queue import DirQueue
 
-__all__ = ["items", "replay"]
+__all__ = ["items", "purge", "replay"]
 
 
 def items(
@@ -44,6 +46,33 @@ def replay(queue: DirQueue, ledger: Any, selection: DeadSelection) -> DeadAction
     check_replayable(queue, files)  # a refusal (Conflict, UsageError) changes nothing
     result.op = replay_files(queue, ledger, files, selection.as_filter())
     result.done = len(files)
+    return result
+
+
+def purge(queue: DirQueue, ledger: Any, selection: DeadSelection) -> DeadAction:
+    """Delete the selected files from error/, audited as `mq dead purge` is: the audit
+    row first, then the ids (the msg_id, or the file name of one that never parsed)
+    recorded BEFORE any file goes — a killed purge may list a file still there, never
+    remove an unlisted one — then the unlinks and one fsync of error/."""
+    result = DeadAction("purge")
+    files = [f for f in dead_files(queue, ledger) if selection.matches(_light(f))]
+    result.matched = len(files)
+    if not files:
+        return result
+    result.op = ledger.start_op("dirq", "purge", selection.as_filter(), str(queue.root))
+    try:
+        ledger.record_purged(result.op, [f.msg_id or f.file for f in files])
+        error = queue.folder("error")
+        for f in files:
+            try:
+                os.unlink(error / f.file)
+            except FileNotFoundError:
+                result.skipped.append((f.file, "gone from error/ since it was listed"))
+                continue
+            result.done += 1
+        fsync_dir(error)
+    finally:
+        ledger.finish_op(result.op)
     return result
 
 

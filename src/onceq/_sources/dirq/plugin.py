@@ -88,7 +88,7 @@ class DirqType(SourceType):
     def fan_out(self, n: int, child: Any, watch: Any, ctx: Any) -> Any:
         return run.fan_out(n, child, watch, ctx)
 
-    dead_actions = frozenset({"replay"})  # a purge of error/ is not written yet
+    dead_actions = frozenset({"replay", "purge"})
 
     async def dead_items(
         self, flow: Any, ledger: Any, selection: DeadSelection, *, bodies: bool = False
@@ -102,7 +102,8 @@ class DirqType(SourceType):
         if action not in self.dead_actions:
             return await super().dead_action(action, flow, ledger, selection)
         queue = DirQueue(flow.source.path).check()
-        return await asyncio.to_thread(dead_items.replay, queue, ledger, selection)
+        do = dead_items.replay if action == "replay" else dead_items.purge
+        return await asyncio.to_thread(do, queue, ledger, selection)
 
 
 DIRQ = DirqType()
