@@ -40,11 +40,10 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from onceq._core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq._core.redact import redact_url
-from onceq._core.values import text
+from onceq._ledger.pg.guard_session import guard_conninfo, sendable
 from onceq.errors import LedgerError, redact_text
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
@@ -83,35 +82,8 @@ RELEASE_WAIT_S = 0.005
 # connection is gone without saying so (a partition), and the claims waiting on it
 # would otherwise wait for the TCP keepalives.
 QUERY_TIMEOUT_S = 5.0
-CONNECT_TIMEOUT_S = 3
 RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 5.0
-# Unless the URL says otherwise: find a dead server (or a dead path to it) in ~25 s.
-KEEPALIVES = {
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-}
-
-
-def sendable(msg_id: str) -> str:
-    """msg_id as the guard sends it: PostgreSQL text cannot hold NUL, and one id that
-    psycopg cannot send would fail the whole tick's batch (every claim in it). A
-    decoder built from a spec refuses such ids; a library user's own decoder may not.
-    The escaped form is a key like any other (the same id always maps to it), and the
-    ledger refuses that message itself (ledger-refused), so its lookup finds nothing."""
-    return text(msg_id) if "\x00" in msg_id else msg_id
-
-
-def guard_conninfo(url: str) -> str:
-    """The guard's connection string: the URL's, plus keepalives and a short connect
-    timeout when it sets none, and its own application_name (seen in pg_stat_activity)."""
-    given = conninfo_to_dict(url)
-    extra: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
-    extra.setdefault("connect_timeout", given.get("connect_timeout", CONNECT_TIMEOUT_S))
-    extra["application_name"] = "onceq-guard"
-    return make_conninfo(url, **extra)
 
 
 # What a batch answers each claim: REFUSED (another session holds the lock: ask again),
