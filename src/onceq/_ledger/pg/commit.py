@@ -1,7 +1,8 @@
 """What PostgreSQL supplies to the one group commit (`onceq._ledger.commit.GroupCommit`).
 
-- the transaction: BEGIN and its transaction id in one round trip
-  (`Reconnector.transaction`), tried until it goes through (`Reconnector.run_commit`):
+- the transaction, in two round trips (`Reconnector.transaction`): BEGIN, its
+  transaction id and the dedup insert as one pipeline, then the presets' bulk insert
+  queued with the COMMIT; tried until it goes through (`Reconnector.run_commit`):
   a lost connection is waited out and the same group written again with the same
   `now`, a COMMIT whose answer was lost is looked up, not repeated; a deadlock with
   another consumer's group is retried;
