@@ -124,6 +124,21 @@ def stamps(url: str, column: str = "processed_at", table: str = "processed") -> 
     return [r[0] if isinstance(r[0], datetime) else datetime.fromisoformat(r[0]) for r in rows]
 
 
+def groups(db: str | Path) -> int:
+    """Group commits that wrote the presets' `processed` rows: one commit stamp each
+    (a group's rows share its `now`), in an SQLite file or a PostgreSQL database."""
+    sql = "SELECT count(DISTINCT processed_at) FROM processed"
+    if is_pg(db):
+        return int(_reader(str(db)).execute(sql).fetchone()[0])
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
 def sessions(url: str) -> dict[str, int]:
     """onceq's sessions on this database by application_name (the bench's reader apart)."""
     rows = _reader(url).execute(

@@ -26,7 +26,10 @@ Beside each mq rate, the CPU per message of the consumer process and of PostgreS
 (the run database's backends, read before the consumer stops, plus the shared walwriter,
 checkpointer … and the postmaster; /proc/PID/stat): on this machine
 the consumer, the broker, the stub and PostgreSQL share the same cores, so where the
-CPU goes is what the rates come from. PostgreSQL is the server named by ONCEQ_BENCH_PG
+CPU goes is what the rates come from. And the messages per group commit (the ledger's
+distinct commit stamps): each PostgreSQL commit is two round trips (BEGIN, its id and
+the dedup insert; then the rest with the COMMIT), so fewer messages per commit means
+more of a message's time waiting on the server. PostgreSQL is the server named by ONCEQ_BENCH_PG
 (default postgresql://postgres@127.0.0.1:5432/postgres); each run's database is
 dropped afterwards. Exits 1 when a target is missed.
 
@@ -60,6 +63,7 @@ class MqRun:
     span: mc.Span
     consumer_cpu: float  # the consumer process (start-up included), or the bench's own
     pg_cpu: float | None = None  # the ledger's server processes over the run (PostgreSQL)
+    groups: int | None = None  # group commits (distinct commit stamps): messages per commit
 
 
 def mq_once(
@@ -81,7 +85,7 @@ def mq_once(
     if key.startswith("sqlite"):
         run = mc.run_consumer(vhost, claim, work / f"{key}.db", n, prefetch)
         mc.check_drained(vhost, claim, n, key)
-        return MqRun(run.span, run.cpu)
+        return MqRun(run.span, run.cpu, groups=pc.groups(work / f"{key}.db"))
     with pc.temp_database("mq") as url:
         # Read the server's CPU while the consumer's sessions are alive: a backend's
         # counters leave with it. Before: the shared processes (not the CREATE DATABASE's).
@@ -94,7 +98,8 @@ def mq_once(
         mc.check_drained(vhost, claim, n, key)
         if pc.ledger_count(url, "messages") != n:
             sys.exit(f"bench: {key}: the ledger holds {pc.ledger_count(url, 'messages')}/{n}")
-    return MqRun(run.span, run.cpu, pc.cpu_since(before, after))
+        groups = pc.groups(url)
+    return MqRun(run.span, run.cpu, pc.cpu_since(before, after), groups)
 
 
 def mq_part(
@@ -139,12 +144,13 @@ def mq_report(
             f"{run.span.counted}/{run.span.seconds:.2f}s",
             f"{run.consumer_cpu / n * 1000:.2f}",
             "–" if run.pg_cpu is None else f"{run.pg_cpu / n * 1000:.2f}",
+            "–" if not run.groups else f"{n / run.groups:.1f}",
         )
 
     print()
     mc.table(
         ("mq consume, stub delay 0", "msg/s", "of SQLite", "of ceil", "counted/span",
-         "consumer CPU ms/msg", "postgres CPU ms/msg"),
+         "consumer CPU ms/msg", "postgres CPU ms/msg", "msgs/commit"),
         [
             row(f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", "ceil"),
             row(f"onceq mq consume --prefetch {prefetch} --db ./x.db (SQLite)", "sqlite"),
@@ -152,7 +158,10 @@ def mq_report(
             *([row(f"  the same, {other.label}", "pg@other")] if other else []),
         ],
     )  # fmt: skip
-    print(" (consumer CPU: its process, start-up included; the ceiling's: the bench process)")
+    print(
+        " (consumer CPU: its process, start-up included; the ceiling's: the bench process;"
+        " msgs/commit: messages per group commit, from the ledger's commit stamps)"
+    )
     if other:
         this_other = best["pg"].span.rate / best["pg@other"].span.rate
         print(f"\nthis / {other.label}, PostgreSQL: {this_other:.2f}")

@@ -1,7 +1,8 @@
 """What PostgreSQL supplies to the one group commit (`onceq._ledger.commit.GroupCommit`).
 
-- the transaction: BEGIN and its transaction id in one round trip
-  (`Reconnector.transaction`), tried until it goes through (`Reconnector.run_commit`):
+- the transaction, in two round trips (`Reconnector.transaction`): BEGIN, its
+  transaction id and the dedup insert as one pipeline, then the presets' bulk insert
+  queued with the COMMIT; tried until it goes through (`Reconnector.run_commit`):
   a lost connection is waited out and the same group written again with the same
   `now`, a COMMIT whose answer was lost is looked up, not repeated; a deadlock with
   another consumer's group is retried;
@@ -30,7 +31,7 @@ from onceq._core.entry import Entry
 from onceq._core.values import is_data_error
 from onceq._ledger.commit import GroupCommit
 from onceq._ledger.pg.reconnect import Reconnector, is_connection_error
-from onceq._ledger.pg.rows import pg_build_row, record_successes
+from onceq._ledger.pg.rows import group_insert, pg_build_row, record_one_by_one, split_won
 from onceq._ledger.pg.sql import PgTx
 from onceq.errors import LedgerError
 
@@ -61,6 +62,21 @@ def _ended(exc: BaseException | None) -> bool:
     return isinstance(exc, psycopg.ProgrammingError) and "forbidden" in str(exc)
 
 
+class _GroupTx(PgTx):
+    """A group transaction's `PgTx`: its BEGIN is sent with the first statement
+    (`Reconnector.begun`), so a statement of the shared queries sends it first."""
+
+    __slots__ = ("_net",)
+
+    def __init__(self, conn: psycopg.Connection[Any], net: Reconnector) -> None:
+        super().__init__(conn)
+        self._net = net
+
+    def execute(self, sql: str, args: Any = None) -> psycopg.RawCursor[Any]:
+        self._net.begin(self.conn)
+        return super().execute(sql, args)
+
+
 class _Undo(Exception):
     """Leaves the message's savepoint by rolling it back."""
 
@@ -76,6 +92,8 @@ class PgCommit(GroupCommit):
         _write_lock: threading.RLock
         _net: Reconnector
 
+    _savepoints = 0  # savepoints open in the current group's transaction
+
     def _build_row(self, e: Entry, now: str) -> str:
         return pg_build_row(e, self.flow, self.source, now)
 
@@ -88,13 +106,21 @@ class PgCommit(GroupCommit):
     @contextlib.contextmanager
     def _group_transaction(self) -> Iterator[Tx]:
         conn = self._write
+        self._savepoints = 0
         with self._net.transaction(conn):
-            yield PgTx(conn)
+            yield _GroupTx(conn, self._net)
 
     @contextlib.contextmanager
     def _savepoint(self, tx: Tx) -> Iterator[None]:
-        with self._write.transaction():
-            yield
+        # The BEGIN first: psycopg makes a savepoint only inside a transaction it sees
+        # (in an idle autocommit session its transaction() would BEGIN and COMMIT).
+        self._net.begin(self._write)
+        self._savepoints += 1
+        try:
+            with self._write.transaction():
+                yield
+        finally:
+            self._savepoints -= 1
 
     def _row_fault(self, exc: BaseException) -> str | None:
         if not row_fault(exc) or is_connection_error(exc, self._write):
@@ -102,12 +128,26 @@ class PgCommit(GroupCommit):
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
 
     def _insert_rows(self, tx: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
-        return record_successes(self._write, group)
+        conn = self._write
+        insert = group_insert(group)
+        if insert is None:  # nothing to insert, or the careful row-by-row path
+            self._net.begin(conn)
+            return record_one_by_one(conn, group)
+        cur = conn.cursor()
+        with self._net.begun(conn):  # BEGIN, the transaction id and this: one round trip
+            cur.execute(*insert)
+        return split_won(group, cur.fetchall())
 
     def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
         # The presets' form: one statement for the group. A refused row raises, the
         # transaction is aborted and the group is written again entry by entry.
         assert sql.bulk is not None
+        if sql.function is None and not self._savepoints:
+            # Nothing after it needs an answer before the COMMIT (no function of the
+            # user's runs on this connection: psycopg's pipeline mode defers errors and
+            # the transaction status): it goes out with the COMMIT, one round trip.
+            # Inside a savepoint (the careful path) everything stays one by one.
+            self._net.tail(self._write)
         sql.bulk(tx, won)
 
     @contextlib.contextmanager

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,23 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None
     )
 
 
+@contextlib.contextmanager
+def pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """`conn.pipeline()`, and a connection psycopg could not take out of pipeline mode
+    closed: a session terminated half-way through a pipeline, before libpq noticed,
+    raised "cannot exit pipeline mode while busy" on a connection that was neither
+    closed nor broken, so it was not seen as lost and the group failed instead of
+    being written again. Closed, it is lost (`is_connection_error`): reconnected, and
+    a COMMIT that may have gone out is looked up, as for any other loss."""
+    try:
+        with conn.pipeline():
+            yield
+    except psycopg.Error:
+        if conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+            conn.close()
+        raise
+
+
 class _StillRunning(Exception):
     """The lost COMMIT's transaction is still in progress on the server."""
 
@@ -82,6 +100,8 @@ class Reconnector:
         self._last_try = 0.0
         self.xid: str | None = None  # the current group transaction's id, once known
         self.pid: int | None = None  # and its session's server process
+        self._begun = False  # the current group's BEGIN went out (`begun`, `begin`)
+        self._tail: contextlib.ExitStack | None = None  # its open pipeline to the COMMIT
 
     # --- the two log lines ---------------------------------------------------------
 
@@ -140,30 +160,89 @@ class Reconnector:
 
     @contextlib.contextmanager
     def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """A group's transaction, its id noted first (for a lost COMMIT's verdict).
+        """A group's transaction: COMMITted when the block ends, rolled back when it raises.
 
-        BEGIN and the id in one round trip (two statements, no parameters: one simple
-        query), not psycopg's transaction() and a SELECT: a group is BEGIN, its
-        statements and COMMIT, and each round trip is time the group holds its rows'
-        locks. Nested conn.transaction() blocks inside are savepoints, as psycopg sees
-        the transaction open.
+        Two round trips for a group in the common case, where psycopg's plain calls
+        took four (BEGIN with the id, the dedup insert, the SQL effect's insert,
+        COMMIT), each of which is time the group holds its rows' locks and a wake-up
+        of the server on a shared machine:
+
+        - the BEGIN is not sent here but with the group's first statement (`begun`):
+          BEGIN, the transaction id (`pg_current_xact_id()`) and the dedup insert go
+          out as one pipeline, one Sync, one round trip;
+        - the statements that need no answer before the COMMIT (the presets' bulk
+          insert) go out with it (`tail`): queued in a pipeline the COMMIT closes.
+
+        The COMMIT is never sent before the transaction id is back: a COMMIT whose
+        answer is lost is looked up by that id (`run_commit`), so the id must be in
+        hand before the COMMIT can be in doubt. (One round trip for the whole group
+        would send them together; a connection lost then could leave a COMMIT applied
+        and no id to ask about.) A statement that fails in a pipeline makes the server
+        skip the rest up to the Sync, the COMMIT with them: the error is raised at the
+        Sync and the transaction rolled back, as when each statement was sent alone.
+        Nested conn.transaction() blocks inside are savepoints once `begin` has run.
         """
         self.xid = None
         self.pid = conn.info.backend_pid
+        self._begun = False
+        self._tail = None
         try:
-            cur = conn.execute("BEGIN; SELECT pg_current_xact_id()::text")
-            cur.nextset()
-            row = cur.fetchone()
-            self.xid = row[0] if row else None
             yield
+            self.begin(conn)  # nothing was written: still one id to look up if in doubt
+            conn.execute("COMMIT")  # with a tail: queued behind its statements
+            tail, self._tail = self._tail, None
+            if tail is not None:
+                tail.close()  # the Sync: one round trip; a failed statement raises here
         except BaseException:
+            tail, self._tail = self._tail, None
+            if tail is not None:
+                # Leaves pipeline mode (psycopg syncs, and only logs an error of its own
+                # here: the one being raised is the group's).
+                with contextlib.suppress(psycopg.Error):
+                    tail.__exit__(*sys.exc_info())
             if not (conn.closed or conn.broken) and (
                 conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
             ):
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def begun(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """The statements sent in the block go out with the transaction's BEGIN (when it
+        is not sent yet): one pipeline, one round trip; their results are read when the
+        block ends, and their errors raised there."""
+        if self._begun:
+            yield
+            return
+        with pipeline(conn):
+            xid = self._send_begin(conn)
+            yield
+        self._note_xid(xid)
+
+    def begin(self, conn: psycopg.Connection[Any]) -> None:
+        """Send the transaction's BEGIN now (one round trip) unless it went already."""
+        if not self._begun:
+            with pipeline(conn):
+                xid = self._send_begin(conn)
+            self._note_xid(xid)
+
+    def tail(self, conn: psycopg.Connection[Any]) -> None:
+        """From here to the COMMIT, statements are queued and go out with it (one round
+        trip); an answer asked for before (a fetch) is a flush of what is queued."""
+        if self._tail is None and self._begun:
+            stack = contextlib.ExitStack()
+            stack.enter_context(pipeline(conn))
+            self._tail = stack
+
+    def _send_begin(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+        self._begun = True
+        conn.execute("BEGIN")
+        return conn.execute("SELECT pg_current_xact_id()::text")
+
+    def _note_xid(self, cur: psycopg.Cursor[Any]) -> None:
+        row = cur.fetchone()
+        self.xid = row[0] if row else None
 
     def run_commit(
         self, ledger: PgCommit, attempt: Callable[[psycopg.Connection[Any]], None]

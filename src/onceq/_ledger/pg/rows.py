@@ -96,27 +96,23 @@ def _as_int(value: Any) -> int | None:
     return number if INT64_MIN <= number <= INT64_MAX else None
 
 
-def record_successes(
-    conn: psycopg.Connection[Any], group: list[Entry]
-) -> tuple[list[Entry], list[Entry]]:
-    """Insert the group's `messages` rows in one statement; (won, lost).
+def group_insert(group: list[Entry]) -> tuple[str, tuple[Any, ...]] | None:
+    """The statement and arguments that insert the group's `messages` rows at once;
+    None for an empty group, and for one that must go row by row (`record_one_by_one`).
 
-    The rows it returns are the copies that took effect; every other entry lost to
-    the primary key (an earlier row, or an earlier copy in this statement: unnest
-    keeps the group's order) and becomes a DUPLICATE. Two entries with the same
-    (msg_id, ref) could not be told apart in what comes back: the group goes row by
-    row. A refused row raises (the transaction is then aborted, and `PgLedger.commit`
-    writes the group again entry by entry).
+    Its rows (`split_won`) are the copies that took effect; every other entry lost to
+    the primary key (an earlier row, or an earlier copy in this statement: ON CONFLICT
+    DO NOTHING skips a row that conflicts with one the same statement inserted) and
+    becomes a DUPLICATE. Two entries with the same (msg_id, ref) could not be told
+    apart in what comes back: such a group goes row by row. A refused row raises (the
+    transaction is then aborted, and `PgLedger.commit` writes the group again entry by
+    entry).
     """
-    won: list[Entry] = []
-    lost: list[Entry] = []
     if not group:
-        return won, lost
-    keys = [(e.row[1], e.row[8]) for e in group]
-    if len(set(keys)) < len(keys):
-        for e in group:
-            record_success(conn, e, won, lost)
-        return won, lost
+        return None
+    keys = {(e.row[1], e.row[8]) for e in group}
+    if len(keys) < len(group):
+        return None
     # In msg_id order (a stable sort: copies of one msg_id keep the group's order, the
     # first still wins): two consumers whose groups share msg_ids then take the rows'
     # locks in the same order and wait for each other instead of deadlocking.
@@ -133,15 +129,33 @@ def record_successes(
         k.append(row[4])
         d.append(row[5])
         r.append(row[8])
-    cur = conn.cursor()
-    cur.execute(_INSERT_GROUP, (r0[6], r0[0], r0[7], m, g, s, k, d, r))
-    back = set(cur.fetchall())
-    for e, key in zip(group, keys, strict=True):
-        if key in back:
+    return _INSERT_GROUP, (r0[6], r0[0], r0[7], m, g, s, k, d, r)
+
+
+def split_won(group: list[Entry], rows: list[Any]) -> tuple[list[Entry], list[Entry]]:
+    """(won, lost) of a group from the (msg_id, ref) rows its insert returned; every
+    lost entry becomes a DUPLICATE."""
+    back = set(rows)
+    won: list[Entry] = []
+    lost: list[Entry] = []
+    for e in group:
+        row = e.row
+        if (row[1], row[8]) in back:
             won.append(e)
         else:  # the primary key refused a second copy
             e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
             lost.append(e)
+    return won, lost
+
+
+def record_one_by_one(
+    conn: psycopg.Connection[Any], group: list[Entry]
+) -> tuple[list[Entry], list[Entry]]:
+    """The group's `messages` rows one statement each (`record_success`); (won, lost)."""
+    won: list[Entry] = []
+    lost: list[Entry] = []
+    for e in group:
+        record_success(conn, e, won, lost)
     return won, lost
 
 

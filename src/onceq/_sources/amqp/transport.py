@@ -43,6 +43,7 @@ from onceq._core.retry import DEFAULT_DELAYS, delay_label
 from onceq._core.transport import Delivery
 from onceq._sources.amqp.channel_watch import ChannelWatch
 from onceq._sources.amqp.control import ConsumerControl
+from onceq._sources.amqp.copy_header import COPY_HEADER
 from onceq._sources.amqp.preflight import CTL_AFTER_S, check_consumer_timeout, check_work_queue
 from onceq._sources.amqp.received import Received, consuming_connection
 from onceq._sources.amqp.settle import Settling, Tags
@@ -59,13 +60,6 @@ RECONNECT_INTERVAL = 1.0
 # --until-empty: seconds without a delivery, while holding nothing, before the queue
 # is asked whether it is drained (onceq._sources.amqp.control). Only latency depends on it.
 IDLE_PROBE_S = 0.2
-# A header `onceq mq publish` gives each published copy: a random id of that copy.
-# A delivery tag names a copy only on one channel; this names it across crashes, so
-# a redelivery of a copy whose record a killed run committed (and never acked) is
-# recognised as *recovered*, not counted as a re-sent duplicate. Copies from other
-# publishers lack it: such a redelivery is still acked without a call, and counted
-# as a duplicate.
-COPY_HEADER = "x-onceq-copy"
 _END = object()
 
 

@@ -1,0 +1,124 @@
+"""The PostgreSQL group commit's round trips, and what a pipelined statement's failure does.
+
+A group goes to the server in two round trips (`Reconnector.transaction`): BEGIN, the
+transaction id and the dedup insert together, then the presets' bulk insert with the
+COMMIT. Counted from libpq's own protocol trace of the writer: each Sync (the end of a
+pipeline) and each simple Query the client sends is one wait for the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+from onceq._core.effect import SqlEffect
+from onceq._core.transport import Delivery, Kind, Settle
+from onceq._exercise.processed_table import PROCESSED_TABLE, write_rows
+from onceq._ledger.sqlite import Entry
+from onceq._ledger.target import open_ledger
+from pg_support import ADMIN_URL
+
+pytestmark = pytest.mark.pg
+
+
+def success(msg_id: str, ref: str) -> Entry:
+    d = Delivery(b"{}", ref, msg_id, stable_ref=True)
+    return Entry(
+        d, Kind.SUCCESS, Settle.ACK, fields={"group": "A", "seq": 1, "kept": {"amount": 1}}
+    )
+
+
+@contextlib.contextmanager
+def round_trips(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    """The client's messages that wait for the server (Sync, Query), once the block ends."""
+    waits: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield waits
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        for line in trace:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "F" and fields[2].startswith(("Sync", "Query")):
+                waits.append(fields[2] if fields[2] == "Sync" else fields[3].strip(' "'))
+
+
+def test_a_group_with_the_presets_table_is_two_round_trips(pg_url: str) -> None:
+    with open_ledger(pg_url, sql=PROCESSED_TABLE) as ledger:
+        ledger.commit([success("m0", "r0")])  # the first group of a session
+        group = [success(f"m{i}", f"r{i}") for i in range(1, 6)]
+        with round_trips(ledger._write) as waits:
+            ledger.commit(group)
+        assert waits == ["Sync", "Sync"]
+        assert all(e.kind is Kind.SUCCESS for e in group)
+        assert ledger.counts()["processed"] == 6
+        assert len(ledger.query("SELECT msg_id FROM processed")[1]) == 6
+
+
+def test_a_group_without_an_effect_is_two_round_trips(pg_url: str) -> None:
+    with open_ledger(pg_url) as ledger:
+        group = [success("m1", "r1"), success("m2", "r2")]
+        with round_trips(ledger._write) as waits:
+            ledger.commit(group)
+        assert waits == ["Sync", "COMMIT"]
+        assert ledger.counts()["processed"] == 2
+
+
+def test_a_bulk_row_refused_at_the_commits_round_trip_refuses_that_message_alone(
+    pg_url: str,
+) -> None:
+    """The bulk insert goes out with the COMMIT: its failure (here a `processed` row a
+    person left without its dedup row) comes back at that Sync; the COMMIT was skipped
+    by the server, the group is written again entry by entry, the guilty one refused."""
+    with open_ledger(pg_url, sql=PROCESSED_TABLE) as ledger:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO onceq.processed (msg_id, processed_at, source) VALUES ('m2', 'x', 'y')"
+            )
+        group = [success("m1", "r1"), success("m2", "r2"), success("m3", "r3")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.SUCCESS, Kind.REJECTED, Kind.SUCCESS]
+        assert group[1].reason == "ledger-refused"
+        assert ledger.processed_ref("m2") is None
+        rows = dict(ledger.query("SELECT msg_id, source FROM processed")[1])
+        assert sorted(rows) == ["m1", "m2", "m3"] and rows["m2"] == "y"  # the person's row
+        assert ledger.counts() == {"processed": 2, "duplicates": 0, "failures": 1, "replays": 0}
+
+
+def test_a_session_lost_between_the_two_round_trips_writes_the_group_again_once(
+    pg_url: str,
+) -> None:
+    """Terminated after the insert's round trip, while the bulk insert and the COMMIT
+    are queued: their Sync fails, the id already in hand says the transaction did not
+    commit, and the same group goes in again (psycopg could not leave pipeline mode on
+    that connection: it is closed and counted as lost, not as the group's failure)."""
+    calls: list[int] = []
+
+    def bulk(tx: Any, entries: list[Entry]) -> None:
+        calls.append(len(entries))
+        if len(calls) == 1:
+            with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND application_name = 'onceq'",
+                    (pg_url.rsplit("/", 1)[1],),
+                )
+        write_rows(tx, entries)
+
+    sql = SqlEffect(None, setup=PROCESSED_TABLE.setup_postgresql, bulk=bulk)
+    with open_ledger(pg_url, sql=sql) as ledger:
+        group = [success("m1", "r1"), success("m2", "r2")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS]
+        assert calls == [2, 2]
+        assert ledger.counts() == {"processed": 2, "duplicates": 0, "failures": 0, "replays": 0}
+        assert len(ledger.query("SELECT msg_id FROM processed")[1]) == 2
