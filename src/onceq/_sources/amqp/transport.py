@@ -241,8 +241,16 @@ class AmqpTransport(ConsumerControl, Settling):
         return c is not None and not c.is_closed and c.connected.is_set()
 
     def _delivered(self, message: Any) -> Any:
-        """aiormq's consumer callback: its message as the loop's token (`Received`)."""
+        """The consumer callback: aiormq's message as the loop's token (`Received`).
+
+        Called from the channel's reader (`received.deliver_directly`: no task per
+        delivery), or by aiormq's task. Synchronous unless a subclass overrides the
+        async `_on_message` (a test holding deliveries back): then its coroutine.
+        """
         self._seen(message)
+        if type(self)._on_message is AmqpTransport._on_message:
+            self._accept(Received(message))
+            return None
         return self._on_message(Received(message))
 
     def _seen(self, message: Any) -> None:
@@ -253,6 +261,9 @@ class AmqpTransport(ConsumerControl, Settling):
         tags.seen(message.delivery.delivery_tag)
 
     async def _on_message(self, message: Received) -> None:
+        self._accept(message)
+
+    def _accept(self, message: Received) -> None:
         if self.stopped.is_set() or message.consumer_tag != self._tag:
             # Not handed out: it stays unacked on the channel and goes back to the
             # queue when the channel closes (or at the drain check's or the pause's
