@@ -164,6 +164,21 @@ class FileGuard:
         self.waits = 0  # claims that found their id held at least once
         self._closed = False
 
+    def try_claim(self, msg_id: str) -> bool:
+        """Take msg_id's lease if it is free, without waiting (True: taken). The loop's
+        common case, with no coroutine on the way (`Leases.claim`)."""
+        off = lock_offset(self.flow, msg_id)
+        if self._try(off):
+            self._mine[msg_id] = off
+            return True
+        return False
+
+    def release_now(self, msg_id: str) -> None:
+        """`release`, without a coroutine: it never waits."""
+        off = self._mine.pop(msg_id, None)
+        if off is not None:
+            self._unlock(off)
+
     async def claim(self, msg_id: str) -> None:
         # None: the check stays the loop's (an in-process SQLite read costs microseconds).
         off = lock_offset(self.flow, msg_id)
@@ -212,6 +227,42 @@ class FileGuard:
         if f.users == 0 and _files.get(self._key) is f:
             del _files[self._key]
             os.close(f.fd)
+
+
+class Slots:
+    """The loop's `max_in_flight` slots: one taken per delivery, given back after its
+    settle (or when it is given up), by the committer or the copy's task."""
+
+    __slots__ = ("_free", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = asyncio.Semaphore(size)
+
+    @property
+    def taken(self) -> int:
+        return self.size - self._free._value
+
+    def release(self) -> None:
+        self._free.release()
+
+    async def take(self, committer: asyncio.Future[Any]) -> bool:
+        """Take a free slot (True), or give up when the committer has ended (False).
+
+        Slots come back only from the committer; if it died (a ledger error) while
+        every slot was taken, a plain acquire would wait forever instead of letting
+        the run stop and report the error.
+        """
+        if not self._free.locked():
+            await self._free.acquire()
+            return True
+        acquire = asyncio.ensure_future(self._free.acquire())
+        await asyncio.wait([acquire, committer], return_when=asyncio.FIRST_COMPLETED)
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquire
+        return not acquire.cancelled()
 
 
 class Turns:
@@ -263,13 +314,21 @@ class Leases:
         self.guard: InflightGuard | None = None
         self.stopped = False
         self._waiting: set[asyncio.Task[Any]] = set()
+        self._try_claim: Callable[[str], bool] | None = None
+        self._release_now: Callable[[str], None] | None = None
 
     def open(self, ledger: Any) -> None:
         self.guard = self.make(ledger)
+        # A guard that can answer without waiting (FileGuard) is asked that way first:
+        # no task bookkeeping and no coroutine for a free id, the common case.
+        self._try_claim = getattr(self.guard, "try_claim", None)
+        self._release_now = getattr(self.guard, "release_now", None)
 
     async def claim(self, msg_id: str) -> tuple[bool, Checked | None]:
         if self.guard is None:
             return False, None
+        if self._try_claim is not None and self._try_claim(msg_id):
+            return True, None  # such a guard does no duplicate check (FileGuard)
         task = asyncio.current_task()
         assert task is not None
         self._waiting.add(task)
@@ -290,6 +349,14 @@ class Leases:
         if self.guard is not None:
             await self.guard.release(msg_id)
 
+    def release_now(self, msg_id: str) -> bool:
+        """Release without a coroutine when the guard can (True), else leave it to
+        `release` (False)."""
+        if self._release_now is None:
+            return self.guard is None  # no guard: nothing to give back
+        self._release_now(msg_id)
+        return True
+
     def stop(self) -> None:
         self.stopped = True
         for task in self._waiting:
@@ -297,6 +364,7 @@ class Leases:
 
     async def aclose(self) -> None:
         guard, self.guard = self.guard, None
+        self._try_claim = self._release_now = None
         if guard is not None:
             # Closing gives back every lease (a PostgreSQL session's locks go with it).
             await guard.aclose()
