@@ -149,7 +149,7 @@ class Consumer:
         self.holds.start(self._stop_on_error)
         try:
             async for delivery in self.transport.deliveries():
-                if not await self._slots.take(committer):
+                if not (self._slots.take_now() or await self._slots.take(committer)):
                     break  # the committer ended (a ledger error): stop taking work
                 if committer.done():  # the ledger failed: stop taking work
                     self._slots.release()
@@ -238,7 +238,10 @@ class Consumer:
                 if not self._turns.try_take(d.msg_id):  # a twin of this process holds it
                     await self._turns.take(d.msg_id)
                 turn = True
-                leased, checked = await self.leases.claim(d.msg_id)
+                if self.leases.claim_now(d.msg_id):  # free: no coroutine on the way
+                    leased, checked = True, None
+                else:
+                    leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
                     # began): start no new call after a stop. It is left unsettled: a
@@ -300,7 +303,8 @@ class Consumer:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
-        if self.breaker is not None and not await self.holds.allowed(d.msg_id):
+        breaker = self.breaker
+        if breaker is not None and not breaker.closed and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
         timed = self.hooks.call_ended  # an empty list costs one check, as no watcher
         started = time.perf_counter() if timed else 0.0

@@ -36,6 +36,7 @@ message once; at worst a partner sees a twin's call (at-least-once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import fcntl
@@ -231,38 +232,57 @@ class FileGuard:
 
 class Slots:
     """The loop's `max_in_flight` slots: one taken per delivery, given back after its
-    settle (or when it is given up), by the committer or the copy's task."""
+    settle (or when it is given up), by the committer or the copy's task.
 
-    __slots__ = ("_free", "size")
+    A counter and a line of waiters rather than an asyncio.Semaphore: a free slot is
+    taken with no coroutine (`take_now`, every delivery while the window has room),
+    and a slot given back while someone waits is handed to the first waiter, never
+    left for whoever asks next."""
+
+    __slots__ = ("_free", "_waiters", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._free = asyncio.Semaphore(size)
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     @property
     def taken(self) -> int:
-        return self.size - self._free._value
+        return self.size - self._free
+
+    def take_now(self) -> bool:
+        """Take a free slot without waiting (True), or none (False)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
 
     def release(self) -> None:
-        self._free.release()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a waiter that gave up (cancelled) takes nothing
+                waiter.set_result(None)  # the slot is its own now
+                return
+        self._free += 1
 
     async def take(self, committer: asyncio.Future[Any]) -> bool:
-        """Take a free slot (True), or give up when the committer has ended (False).
+        """Take a slot, waiting for one (True), or give up when the committer has
+        ended (False).
 
         Slots come back only from the committer; if it died (a ledger error) while
-        every slot was taken, a plain acquire would wait forever instead of letting
+        every slot was taken, a plain wait would last forever instead of letting
         the run stop and report the error.
         """
-        if not self._free.locked():
-            await self._free.acquire()
+        if self.take_now():
             return True
-        acquire = asyncio.ensure_future(self._free.acquire())
-        await asyncio.wait([acquire, committer], return_when=asyncio.FIRST_COMPLETED)
-        if not acquire.done():
-            acquire.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquire
-        return not acquire.cancelled()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait([waiter, committer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiter.done():
+                waiter.cancel()  # release() skips it
+        return not waiter.cancelled()
 
 
 class Turns:
@@ -324,11 +344,15 @@ class Leases:
         self._try_claim = getattr(self.guard, "try_claim", None)
         self._release_now = getattr(self.guard, "release_now", None)
 
+    def claim_now(self, msg_id: str) -> bool:
+        """Take msg_id's lease at once when the guard can (FileGuard) and it is free:
+        True. False: `claim` decides (it may wait). Such a guard does no duplicate
+        check (None for `checked`)."""
+        return self._try_claim is not None and self._try_claim(msg_id)
+
     async def claim(self, msg_id: str) -> tuple[bool, Checked | None]:
         if self.guard is None:
             return False, None
-        if self._try_claim is not None and self._try_claim(msg_id):
-            return True, None  # such a guard does no duplicate check (FileGuard)
         task = asyncio.current_task()
         assert task is not None
         self._waiting.add(task)
