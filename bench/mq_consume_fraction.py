@@ -10,9 +10,10 @@ deliveries unacked, no consumer can beat prefetch/delay messages per second
 - onceq: `onceq mq consume --prefetch 5` (calls overlap up to prefetch);
 - baseline: one message at a time, the same command with `--prefetch 1`
   (what a consumer that handles one delivery before taking the next gets);
-- ceiling: a bare aiormq + aiohttp consumer with the same prefetch, ack after the
-  POST's 201 and no ledger (mq_common.bare_consumer): what the stub, the broker and
-  the client libraries allow, so `of ceil` is the part of the gap onceq can close;
+- ceiling: a bare aiormq + aiohttp consumer with the same prefetch doing the same
+  durable work (each 201 recorded in a grouped SQLite commit, then one multiple ack
+  per group: mq_common.bare_consumer): what the stub, the broker and the client
+  libraries allow, so `of ceil` is the part of the gap onceq can close;
 
 each over the same number of queued claims, and prints both as a fraction of the
 prefetch-5 limit (and of their own limit, prefetch/delay).
@@ -25,7 +26,8 @@ the last — so start-up (interpreter, connect, first call) is not counted. The 
 is only accepted when the broker's claim.in is empty with nothing unacked and the
 stub answered exactly one 201 per claim. The stub's own capacity at the same
 concurrency is probed first (aiohttp, as onceq; no broker) to show it is not the
-limit. Exits 1 when the target is missed.
+limit. `CPU ms/msg` is the consumer process's CPU per message from its first commit
+to its last (start-up excluded). Exits 1 when the target is missed.
 
 --compare PATH runs the onceq consumer a second time with the checkout at PATH (its
 interpreter, its code; see bench/compare.py): before/after in one run.
@@ -100,7 +102,7 @@ def main() -> int:
     named = [
         (f"onceq mq consume --prefetch {prefetch}", prefetch, ours),
         *([(f"  the same, {other.label}", prefetch, theirs)] if other and theirs else []),
-        (f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", prefetch, ceil),
+        (f"ceiling: bare aiormq+aiohttp+SQLite, prefetch {prefetch}", prefetch, ceil),
         ("baseline: --prefetch 1 (one at a time)", 1, base),
     ]
     for label, pf, run in named:
@@ -113,12 +115,13 @@ def main() -> int:
                 f"{run.span.rate / ceil.span.rate:.2f}",
                 f"{run.span.counted}/{run.span.seconds:.2f}s",
                 f"{run.wall:.1f}",
+                f"{run.cpu_steady * 1000:.3f}",
             )
         )
     print()
     mc.table(
         ("consumer", "msg/s", f"of {limit:.0f}", "of own limit", "of ceil", "counted/span",
-         "wall s"),
+         "wall s", "CPU ms/msg"),
         rows,
     )  # fmt: skip
     print(f"\nratio onceq / baseline: {ours.span.rate / base.span.rate:.1f}x", end="")

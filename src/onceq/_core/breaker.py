@@ -82,6 +82,11 @@ class Breaker:
         self.opened = 0  # times it opened (closed → open), for reports and tests
 
     @property
+    def closed(self) -> bool:
+        """Calls may start (the loop's common case, answered without asking `allow`)."""
+        return self._state == CLOSED
+
+    @property
     def state(self) -> str:
         """'closed', 'open' or 'half-open'."""
         return self._state

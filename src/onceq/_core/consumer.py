@@ -26,18 +26,15 @@ reliability argument, so it lives in one place:
 Grouping is the main speed trick: many outcomes share one commit (one fsync) and
 one settle, but no settle ever precedes the commit of its own record.
 
-Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the
-transport paused while the circuit breaker is open or the ledger is away (a read
-raised `LedgerUnavailable`): `onceq._core.holds`.
-Each verdict also goes to the misconfiguration guard (`onceq._core.misconfig`): once it
-trips, nothing more is taken or called, undecided copies are HELD, calls under way
-stand (at most N + the calls in flight are dead-lettered).
+Copies are HELD (settled RELEASE: nothing recorded, no attempt spent) and the transport
+paused while the breaker is open or the ledger away: `onceq._core.holds`. Each verdict
+goes to the misconfiguration guard (`onceq._core.misconfig`): once it trips, nothing more
+is taken or called, undecided copies are HELD, calls under way stand.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +45,7 @@ from onceq._core.effect import effect_raised
 from onceq._core.entry import Entry
 from onceq._core.holds import Holds
 from onceq._core.hooks import Hooks
-from onceq._core.inflight import Checked, InflightGuard, Leases, Turns, guard_for
+from onceq._core.inflight import Checked, InflightGuard, Leases, Slots, Turns, guard_for
 from onceq._core.ledger_api import LedgerApi
 from onceq._core.misconfig import GUARD_HELD, MisconfigGuard
 from onceq._core.outcome import Decoder, Handler, Outcome, decode_safely, no_effect
@@ -63,6 +60,8 @@ log = logging.getLogger("onceq.consumer")  # the name in every log line: kept ac
 
 
 _STOP = object()
+# What a copy holds until the committer settles it and gives it back (`_give_back`):
+_SLOT, _TURN, _LEASE = object(), object(), object()  # its slot; + its turn; + its lease
 
 
 class Consumer:
@@ -130,8 +129,10 @@ class Consumer:
         self.guard = guard  # the misconfiguration guard (None: off)
         self.stats = Stats()
         self.max_in_flight = max_in_flight
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self._slots = Slots(max_in_flight)
+        # (entry, what to give back after its settle: _SLOT, _TURN or _LEASE) or _STOP.
         self._pending: asyncio.Queue[Any] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()  # the handler tasks under way
         self._turns = Turns()  # one copy of a msg_id in flight in this process
         self._failure: BaseException | None = None
         # Set by stop() only. The end of deliveries() is NOT a stop: a directory queue's
@@ -144,11 +145,11 @@ class Consumer:
             self.leases.open(self.ledger)
         committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = self._tasks
         self.holds.start(self._stop_on_error)
         try:
             async for delivery in self.transport.deliveries():
-                if not await self._acquire_slot(committer):
+                if not (self._slots.take_now() or await self._slots.take(committer)):
                     break  # the committer ended (a ledger error): stop taking work
                 if committer.done():  # the ledger failed: stop taking work
                     self._slots.release()
@@ -164,12 +165,11 @@ class Consumer:
                         delivery, decode_safely(self.decode, delivery), called=False
                     )
                     entry = self._entry(delivery, decided)
-                    self._pending.put_nowait((entry, None))
+                    self._pending.put_nowait((entry, _SLOT))
                     continue
                 t = asyncio.create_task(self._handle(delivery))
                 tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                t.add_done_callback(self._stop_on_error)
+                t.add_done_callback(self._stop_on_error)  # also drops it from `tasks`
             # Wait for the handlers, but wake at once if the committer dies (ledger error).
             while tasks:
                 done, _ = await asyncio.wait(
@@ -192,7 +192,7 @@ class Consumer:
     @property
     def in_flight(self) -> int:
         """Deliveries received and not yet settled (or given up at a stop): the slots taken."""
-        return self.max_in_flight - self._slots._value
+        return self._slots.taken
 
     @property
     def stopping(self) -> bool:
@@ -219,33 +219,18 @@ class Consumer:
 
         Otherwise a transport that waits for its outstanding deliveries to settle
         (or for new messages) would wait forever; the failure is raised by `run`.
+        The one done-callback of a handler task: it also leaves `_tasks` here.
         """
+        self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             if self._failure is None:
                 self._failure = task.exception()
             self.stop()
 
-    async def _acquire_slot(self, committer: asyncio.Task[None]) -> bool:
-        """Take a free slot (True), or give up when the committer has ended (False).
-
-        Slots come back only from the committer; if it died (a ledger error) while
-        every slot was taken, a plain acquire would wait forever instead of letting
-        the run stop and report the error.
-        """
-        if not self._slots.locked():
-            await self._slots.acquire()
-            return True
-        acquire = asyncio.ensure_future(self._slots.acquire())
-        await asyncio.wait([acquire, committer], return_when=asyncio.FIRST_COMPLETED)
-        if not acquire.done():
-            acquire.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquire
-        return not acquire.cancelled()
-
     async def _handle(self, d: Delivery) -> None:
         turn = False
         leased = False
+        handed = False  # to the committer, which gives the lease, turn and slot back
         try:
             decoded = decode_safely(self.decode, d)
             if decoded.kind is Kind.SUCCESS:
@@ -253,7 +238,10 @@ class Consumer:
                 if not self._turns.try_take(d.msg_id):  # a twin of this process holds it
                     await self._turns.take(d.msg_id)
                 turn = True
-                leased, checked = await self.leases.claim(d.msg_id)
+                if self.leases.claim_now(d.msg_id):  # free: no coroutine on the way
+                    leased, checked = True, None
+                else:
+                    leased, checked = await self.leases.claim(d.msg_id)
                 if self._stopped:
                     # Stopped while this copy waited behind its twin (or before it
                     # began): start no new call after a stop. It is left unsettled: a
@@ -266,19 +254,28 @@ class Consumer:
                 outcome = self._judged(d, outcome, called=True)
             else:
                 outcome = self._judged(d, decoded, called=False)
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # settled
-            self._pending.put_nowait((self._entry(d, outcome), done))
-            await done
+            # The task ends here: the committer records, settles, then gives back what
+            # it holds (`_give_back`): no future per copy, no wake-up after its settle.
+            self._pending.put_nowait(
+                (self._entry(d, outcome), _LEASE if leased else _TURN if turn else _SLOT)
+            )
+            handed = True
         finally:
-            # The lease first, then the turn: a twin of this process that takes the turn
-            # must find the lease free.
-            if leased:
-                assert d.msg_id is not None  # a lease is taken only for an id (above)
-                await self.leases.release(d.msg_id)
-            if turn:
-                assert d.msg_id is not None  # so is a turn
-                self._turns.give_back(d.msg_id)
-            self._slots.release()
+            if not handed:
+                await self._give_back(d.msg_id, leased, turn)
+
+    async def _give_back(self, msg_id: str | None, leased: bool, turn: bool) -> None:
+        """What a copy held, once it is settled (or given up): the lease first, then the
+        turn (a twin of this process that takes the turn must find the lease free), then
+        its slot."""
+        if leased:
+            assert msg_id is not None  # a lease is taken only for an id
+            if not self.leases.release_now(msg_id):
+                await self.leases.release(msg_id)
+        if turn:
+            assert msg_id is not None  # so is a turn
+            self._turns.give_back(msg_id)
+        self._slots.release()
 
     async def _effect(
         self, d: Delivery, decoded: Outcome, checked: Checked | None
@@ -306,7 +303,8 @@ class Consumer:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
-        if self.breaker is not None and not await self.holds.allowed(d.msg_id):
+        breaker = self.breaker
+        if breaker is not None and not breaker.closed and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
         timed = self.hooks.call_ended  # an empty list costs one check, as no watcher
         started = time.perf_counter() if timed else 0.0
@@ -374,7 +372,7 @@ class Consumer:
             first = await self._pending.get()
             if first is _STOP:
                 return
-            jobs: list[tuple[Entry, asyncio.Future[None] | None]] = [first]
+            jobs: list[tuple[Entry, object]] = [first]
             while len(jobs) < self.max_group and not self._pending.empty():
                 item = self._pending.get_nowait()
                 if item is _STOP:
@@ -390,11 +388,13 @@ class Consumer:
             faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.
             await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
-            for e, done in jobs:
+            for e, held in jobs:
                 self.stats.add(e)
-                if done is None:
-                    self._slots.release()  # an entry that came without a task
-                elif not done.done():  # its task may be cancelled (a hard stop)
-                    done.set_result(None)
+                if held is _SLOT:
+                    self._slots.release()  # no lease and no turn: nothing to await
+                else:
+                    # The built-in guards' releases never wait; a hard stop cutting this
+                    # short leaves the leases to `leases.aclose()` at the run's end.
+                    await self._give_back(e.delivery.msg_id, held is _LEASE, True)
             if self.hooks.settled:  # one check per group
                 self.hooks.emit_settled(group)

@@ -36,6 +36,7 @@ message once; at worst a partner sees a twin's call (at-least-once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import fcntl
@@ -164,6 +165,21 @@ class FileGuard:
         self.waits = 0  # claims that found their id held at least once
         self._closed = False
 
+    def try_claim(self, msg_id: str) -> bool:
+        """Take msg_id's lease if it is free, without waiting (True: taken). The loop's
+        common case, with no coroutine on the way (`Leases.claim`)."""
+        off = lock_offset(self.flow, msg_id)
+        if self._try(off):
+            self._mine[msg_id] = off
+            return True
+        return False
+
+    def release_now(self, msg_id: str) -> None:
+        """`release`, without a coroutine: it never waits."""
+        off = self._mine.pop(msg_id, None)
+        if off is not None:
+            self._unlock(off)
+
     async def claim(self, msg_id: str) -> None:
         # None: the check stays the loop's (an in-process SQLite read costs microseconds).
         off = lock_offset(self.flow, msg_id)
@@ -212,6 +228,61 @@ class FileGuard:
         if f.users == 0 and _files.get(self._key) is f:
             del _files[self._key]
             os.close(f.fd)
+
+
+class Slots:
+    """The loop's `max_in_flight` slots: one taken per delivery, given back after its
+    settle (or when it is given up), by the committer or the copy's task.
+
+    A counter and a line of waiters rather than an asyncio.Semaphore: a free slot is
+    taken with no coroutine (`take_now`, every delivery while the window has room),
+    and a slot given back while someone waits is handed to the first waiter, never
+    left for whoever asks next."""
+
+    __slots__ = ("_free", "_waiters", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def taken(self) -> int:
+        return self.size - self._free
+
+    def take_now(self) -> bool:
+        """Take a free slot without waiting (True), or none (False)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a waiter that gave up (cancelled) takes nothing
+                waiter.set_result(None)  # the slot is its own now
+                return
+        self._free += 1
+
+    async def take(self, committer: asyncio.Future[Any]) -> bool:
+        """Take a slot, waiting for one (True), or give up when the committer has
+        ended (False).
+
+        Slots come back only from the committer; if it died (a ledger error) while
+        every slot was taken, a plain wait would last forever instead of letting
+        the run stop and report the error.
+        """
+        if self.take_now():
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait([waiter, committer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiter.done():
+                waiter.cancel()  # release() skips it
+        return not waiter.cancelled()
 
 
 class Turns:
@@ -263,9 +334,21 @@ class Leases:
         self.guard: InflightGuard | None = None
         self.stopped = False
         self._waiting: set[asyncio.Task[Any]] = set()
+        self._try_claim: Callable[[str], bool] | None = None
+        self._release_now: Callable[[str], None] | None = None
 
     def open(self, ledger: Any) -> None:
         self.guard = self.make(ledger)
+        # A guard that can answer without waiting (FileGuard) is asked that way first:
+        # no task bookkeeping and no coroutine for a free id, the common case.
+        self._try_claim = getattr(self.guard, "try_claim", None)
+        self._release_now = getattr(self.guard, "release_now", None)
+
+    def claim_now(self, msg_id: str) -> bool:
+        """Take msg_id's lease at once when the guard can (FileGuard) and it is free:
+        True. False: `claim` decides (it may wait). Such a guard does no duplicate
+        check (None for `checked`)."""
+        return self._try_claim is not None and self._try_claim(msg_id)
 
     async def claim(self, msg_id: str) -> tuple[bool, Checked | None]:
         if self.guard is None:
@@ -290,6 +373,14 @@ class Leases:
         if self.guard is not None:
             await self.guard.release(msg_id)
 
+    def release_now(self, msg_id: str) -> bool:
+        """Release without a coroutine when the guard can (True), else leave it to
+        `release` (False)."""
+        if self._release_now is None:
+            return self.guard is None  # no guard: nothing to give back
+        self._release_now(msg_id)
+        return True
+
     def stop(self) -> None:
         self.stopped = True
         for task in self._waiting:
@@ -297,6 +388,7 @@ class Leases:
 
     async def aclose(self) -> None:
         guard, self.guard = self.guard, None
+        self._try_claim = self._release_now = None
         if guard is not None:
             # Closing gives back every lease (a PostgreSQL session's locks go with it).
             await guard.aclose()

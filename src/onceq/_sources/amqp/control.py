@@ -60,7 +60,7 @@ class ConsumerControl:
     _active: str | None
     _consuming: bool
     _held: int
-    _buffer: asyncio.Queue[Any]
+    _buffer: Any  # a deque with empty() (transport.Buffer)
     _changed: asyncio.Event
     _tier_queues: list[Any]
     _tags: Any

@@ -11,6 +11,9 @@ brought this module). Here:
   `_DirectQueue`s: a robust queue (restored after a reconnect with its consumers, as
   before) whose consumer callback receives aiormq's `DeliveredMessage` itself, in
   aiormq's task, with no second task and no wrapper;
+- `deliver_directly` then hands those deliveries to the consumer from the channel's
+  frame reader itself: aiormq starts a task per delivery to call a consumer (a task,
+  its wrapper, two done-callbacks and a coroutine frame), the loop needs none;
 - `Received` is the token the loop carries: the same attribute names as aio-pika's
   `IncomingMessage` (message_id, headers, channel, delivery_tag, …) read lazily from
   the frame pamqp decoded, and `ack` / `reject`, sent on the channel that delivered it.
@@ -22,9 +25,10 @@ whose channel died before it was started (the broker has requeued it already).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
-__all__ = ["Received", "consuming_connection", "received_from_get"]
+__all__ = ["Received", "consuming_connection", "deliver_directly", "received_from_get"]
 
 
 class Received:
@@ -136,7 +140,7 @@ def consuming_connection() -> type[Any]:
     from aio_pika import RobustChannel, RobustConnection, RobustQueue
 
     class _DirectQueue(RobustQueue):
-        """A robust queue whose consumer gets aiormq's DeliveredMessage, in aiormq's task.
+        """A robust queue whose consumer gets aiormq's DeliveredMessage, from its reader.
 
         RobustQueue.consume with Queue.consume's body, minus its wrapper (a task and an
         IncomingMessage per delivery); the consumer is recorded as RobustQueue records
@@ -154,6 +158,12 @@ def consuming_connection() -> type[Any]:
             robust: bool = True,
         ) -> Any:
             channel = await self.channel.get_underlay_channel()
+            if consumer_tag is not None:
+                # Before basic.consume, so that its very first delivery comes the same
+                # way as the rest: a delivery aiormq's task hands over later than the
+                # next one taken directly would reach `Tags` out of order, read as a
+                # delivery never seen, and no multiple ack would reach past it again.
+                deliver_directly(channel, consumer_tag, callback)
             result = await channel.basic_consume(
                 queue=self.name,
                 consumer_callback=callback,
@@ -166,6 +176,8 @@ def consuming_connection() -> type[Any]:
             tag = result.consumer_tag
             if tag is None:  # as aio-pika: pamqp never answers without one
                 raise RuntimeError("Consumer tag is None")
+            if consumer_tag is None:  # ours always names its tag (control._consume)
+                deliver_directly(channel, tag, callback)
             if robust:
                 self._consumers[tag] = {
                     "callback": callback,
@@ -182,3 +194,66 @@ def consuming_connection() -> type[Any]:
         CHANNEL_CLASS = _Channel
 
     return _Connection
+
+
+# What `deliver_directly` needs of aiormq's Channel: its reader awaits
+# `self._on_deliver_frame(frame)` for every basic.deliver, and then reads the content
+# header and body with `_get_frame` and `_read_content` (aiormq 6 and 7). No public
+# aiormq API calls a consumer without a task.
+_CHANNEL_PARTS = ("_on_deliver_frame", "_get_frame", "_read_content", "_on_consumer_done")
+
+
+def deliver_directly(channel: Any, tag: str, callback: Any) -> bool:
+    """Call `callback(message)` for `tag`'s deliveries on `channel` from its frame reader.
+
+    aiormq's reader starts one task per delivery to await the consumer callback; a
+    callback that only buffers the message (AmqpTransport's) needs no task, and that
+    task was the biggest client-library cost left per message (callgrind, 3,000
+    deliveries: see the commit that brought this). The callback is still registered with
+    aiormq as usual (basic_consume), so anything this cannot take over — another
+    consumer tag, a cancelled consumer, an aiormq whose channel lacks these parts
+    (False) — goes aiormq's own way, unchanged. A callback that returns an awaitable (a
+    subclass's async override) gets the task aiormq would have given it; one that
+    raises is logged as aiormq logs it, never raised into the reader (that would close
+    the channel and requeue its whole prefetch window).
+    """
+    if not all(hasattr(type(channel), name) for name in _CHANNEL_PARTS):
+        return False
+    hooks: dict[str, Any] | None = channel.__dict__.get("_onceq_direct")
+    if hooks is None:
+        from pamqp.header import ContentHeader
+
+        hooks = channel._onceq_direct = {}
+        aiormqs = channel._on_deliver_frame  # bound: aiormq's own path
+
+        async def on_deliver_frame(frame: Any) -> None:
+            consumer_tag = frame.consumer_tag
+            direct = hooks.get(consumer_tag)
+            if direct is None or consumer_tag not in channel.consumers:
+                # Not ours, or cancelled (aiormq reads it and drops it: it stays
+                # unacked until the channel closes or is recovered).
+                await aiormqs(frame)
+                return
+            header = await channel._get_frame()
+            if not isinstance(header, ContentHeader):
+                raise ValueError(f"Unexpected frame {header!r} instead of ContentHeader", header)
+            message = await channel._read_content(frame, header)
+            try:
+                result = direct(message)
+            except Exception:
+                # What aiormq does with a consumer task that raised: the same line, on
+                # its channel module's logger (as before this path existed).
+                aiormq_log = logging.getLogger(type(channel).__module__)
+                aiormq_log.error("Consumer callback failed", exc_info=True)
+                return
+            if result is not None:
+                task = channel.create_task(result)
+                task.add_done_callback(channel._on_consumer_done)
+
+        # An instance attribute: looked up before the class's method by the reader.
+        channel._on_deliver_frame = on_deliver_frame
+    # Tags cancelled since (a drain check consumes again under a new tag): forgotten.
+    for old in [t for t in hooks if t not in channel.consumers]:
+        del hooks[old]
+    hooks[tag] = callback
+    return True

@@ -33,6 +33,7 @@ How a delivery is settled (ack, reject, a confirmed copy into a retry tier) is
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -99,7 +100,7 @@ class AmqpTransport(ConsumerControl, Settling):
         self.drain_races = 0
         self.unsettled = 0  # settles that failed on a dead channel (the broker redelivers)
         self.stopped = asyncio.Event()
-        self._buffer: asyncio.Queue[Any] = asyncio.Queue()
+        self._buffer = Buffer()
         self._held = 0  # received (buffered or handed out) and not yet settled
         self._changed = asyncio.Event()  # a delivery, a settle or a stop
         self._tags = itertools.count(1)
@@ -235,8 +236,16 @@ class AmqpTransport(ConsumerControl, Settling):
         return c is not None and not c.is_closed and c.connected.is_set()
 
     def _delivered(self, message: Any) -> Any:
-        """aiormq's consumer callback: its message as the loop's token (`Received`)."""
+        """The consumer callback: aiormq's message as the loop's token (`Received`).
+
+        Called from the channel's reader (`received.deliver_directly`: no task per
+        delivery), or by aiormq's task. Synchronous unless a subclass overrides the
+        async `_on_message` (a test holding deliveries back): then its coroutine.
+        """
         self._seen(message)
+        if type(self)._on_message is AmqpTransport._on_message:
+            self._accept(Received(message))
+            return None
         return self._on_message(Received(message))
 
     def _seen(self, message: Any) -> None:
@@ -247,6 +256,9 @@ class AmqpTransport(ConsumerControl, Settling):
         tags.seen(message.delivery.delivery_tag)
 
     async def _on_message(self, message: Received) -> None:
+        self._accept(message)
+
+    def _accept(self, message: Received) -> None:
         if self.stopped.is_set() or message.consumer_tag != self._tag:
             # Not handed out: it stays unacked on the channel and goes back to the
             # queue when the channel closes (or at the drain check's or the pause's
@@ -266,7 +278,7 @@ class AmqpTransport(ConsumerControl, Settling):
             ref = f"{self.queue_name}/{os.getpid()}/{next(self._seq)}"
         delivery = raw.delivery
         headers = {"message_id": props.message_id, "delivery_tag": delivery.delivery_tag}
-        self._buffer.put_nowait(
+        self._buffer.append(
             Delivery(
                 body=raw.body,
                 ref=ref,
@@ -287,7 +299,7 @@ class AmqpTransport(ConsumerControl, Settling):
             # the wait below at once.
             self._changed.clear()
             if not self._buffer.empty():
-                item = self._buffer.get_nowait()
+                item = self._buffer.popleft()
                 if item is _END:
                     return
                 if _channel_closed(item.token):
@@ -317,7 +329,7 @@ class AmqpTransport(ConsumerControl, Settling):
         if self.stopped.is_set():
             return
         self.stopped.set()
-        self._buffer.put_nowait(_END)
+        self._buffer.append(_END)
         self._changed.set()
         # Only on a live connection: while disconnected there is no consumer on the
         # broker to cancel, and the robust channel would wait for a reconnect first
@@ -343,6 +355,14 @@ class AmqpTransport(ConsumerControl, Settling):
             await self._watch.close()
         if self._connection is not None:
             await close_quietly(self._connection)
+
+
+class Buffer(collections.deque[Any]):
+    """Deliveries received and not yet handed out (read by the loop alone, so a plain
+    deque: asyncio.Queue's waiters and wake-ups cost per delivery and served nobody)."""
+
+    def empty(self) -> bool:
+        return not self
 
 
 def _channel_closed(message: Any) -> bool:

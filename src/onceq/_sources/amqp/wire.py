@@ -31,6 +31,7 @@ replay. Valid input decodes exactly as before.
 
 from __future__ import annotations
 
+import operator
 import struct
 from datetime import UTC, datetime
 from typing import Any
@@ -173,13 +174,48 @@ def _undecodable(frame_data: bytes, exc: Exception) -> Any:
     return header.ContentHeader(weight, body_size, props)
 
 
+# pamqp's names of the text properties (`type` is aio-pika's): read in one C call.
+_PAMQP_TEXT = operator.attrgetter(*(a for a in TEXT_PROPERTIES if a != "type"))
+
+
 def verdict(props: Any) -> tuple[str, str] | None:
     """(reason, detail) when a delivery's properties cannot be taken as they are, else None.
 
     `props` is a pamqp Basic.Properties or an aio-pika message (the same attributes,
     but `type` for `message_type`). The detail names the property or header, never a
     value (header values may be secrets): `header 'x-\\xff': its name is not UTF-8 text`.
+
+    This runs for every delivery, so the common case — pamqp's properties, every text
+    ASCII, a flat header table of ASCII names and plain values — is answered in one pass
+    (callgrind: 3,000 deliveries of the claims preset); anything else, including every
+    message that has something to say, is walked by `_verdict`, the one that decides.
     """
+    try:
+        # A TypeError: a property that is not text where text belongs; AttributeError:
+        # not pamqp's properties (aio-pika's message). Both: the full walk decides.
+        texts = "".join([v for v in _PAMQP_TEXT(props) if v is not None])
+    except (AttributeError, TypeError):
+        return _verdict(props)
+    if not texts.isascii():
+        return _verdict(props)
+    headers = props.headers
+    if headers is None:
+        return None
+    if headers.__class__ is not dict:
+        return _verdict(props)
+    for key, item in headers.items():
+        if key.__class__ is not str or not key.isascii():
+            return _verdict(props)
+        if item.__class__ is str:
+            if not item.isascii():
+                return _verdict(props)
+        elif isinstance(item, dict | list | str):  # nested, or an `Undecodable` note
+            return _verdict(props)
+    return None
+
+
+def _verdict(props: Any) -> tuple[str, str] | None:
+    """`verdict`'s full walk: every text property, every header at any depth."""
     for attr, name in TEXT_PROPERTIES.items():
         value = getattr(props, attr, None)
         if isinstance(value, str) and not is_utf8(value):
