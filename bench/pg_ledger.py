@@ -9,7 +9,7 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   `--delay 0`) over n queued claims, once with `--db ./x.db` (SQLite) and once with
   `--db postgresql://…` (a new database per run on the loopback server), and the bare
   aiormq + aiohttp consumer as the ceiling (mq_common.bare_consumer: same libraries
-  and prefetch, ack after the 201, no ledger). Rate: the ledger's commit stamps, first
+  and prefetch, the same grouped SQLite commit, one multiple ack per group). Rate: the ledger's commit stamps, first
   commit to last (mq_common.ledger_span, start-up excluded); a run counts only when
   claim.in is empty with nothing unacked and the stub answered one 201 per claim.
   Target: PostgreSQL >= 0.8 of SQLite. Run at each --prefetch given (default 5, the
@@ -152,7 +152,7 @@ def mq_report(
         ("mq consume, stub delay 0", "msg/s", "of SQLite", "of ceil", "counted/span",
          "consumer CPU ms/msg", "postgres CPU ms/msg", "msgs/commit"),
         [
-            row(f"ceiling: bare aiormq+aiohttp, prefetch {prefetch}, no ledger", "ceil"),
+            row(f"ceiling: bare aiormq+aiohttp+SQLite, prefetch {prefetch}", "ceil"),
             row(f"onceq mq consume --prefetch {prefetch} --db ./x.db (SQLite)", "sqlite"),
             row(f"onceq mq consume --prefetch {prefetch} --db postgresql://…", "pg"),
             *([row(f"  the same, {other.label}", "pg@other")] if other else []),
