@@ -203,7 +203,9 @@ def test_dirq_consume_stopped_while_it_starts(tmp_path: Path, workers: int) -> N
     the parent takes a signal that came before it started any worker)."""
     q = tmp_path / "q"
     assert run_cli("dirq", "init", str(q)).returncode == 0
-    n = 4000
+    # Enough that the inbox outlasts most of the runs below at today's speed (one run
+    # of 0.3 s took 2,200 files); the last runs may find it empty.
+    n = 12000
     for i in range(n):
         doc = {"msg_id": f"m{i:05d}", "order_id": f"O{i}", "amount_cents": 1, "currency": "EUR"}
         (q / "inbox" / f"m{i:05d}.json").write_text(json.dumps(doc))
@@ -214,7 +216,14 @@ def test_dirq_consume_stopped_while_it_starts(tmp_path: Path, workers: int) -> N
         places = _dirq_places(q)
         assert len(places) == n and set(places.values()) == {1}, delay  # none lost or doubled
         unfinished = any((q / "inbox").iterdir())
-        assert code == (128 + sig if unfinished else 0), (delay, code, err)
+        if unfinished:
+            assert code == 128 + sig, (delay, code, err)
+        else:
+            # The signal came as the batch ended, its work done and durable: 0 when the
+            # run had seen the inbox empty, 143/130 when the signal was first, and the
+            # default action once Python's own shutdown has restored it (measured: the
+            # same on asyncio's loop and uvloop's).
+            assert code in (0, 128 + sig, -sig), (delay, code, err)
         _quiet(err)
     done = run_cli("dirq", "consume", str(q), "--json")
     assert done.returncode == 0, done.stderr
