@@ -10,7 +10,7 @@ instead of a read that follows, blocks or fills memory.
 from __future__ import annotations
 
 import os
-import stat
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 
 from onceq._core.transport import Delivery
 
@@ -18,48 +18,31 @@ from onceq._core.transport import Delivery
 def read_claim(name: str, own: int, max_bytes: int, redelivered: bool = False) -> Delivery:
     """The delivery of claim `name` in the folder `own` (a descriptor)."""
     st = os.lstat(name, dir_fd=own)  # one stat says what it is; nothing below follows a link
-    headers: dict[str, object] = {"kind": "file", "size": st.st_size}
-    body = b""
-    if stat.S_ISLNK(st.st_mode):
-        headers["kind"] = "symlink"
-    elif stat.S_ISDIR(st.st_mode):
-        headers["kind"] = "folder"
-    elif not stat.S_ISREG(st.st_mode):
-        headers["kind"] = "special"  # a FIFO or device: opening it could block forever
-    elif st.st_size <= max_bytes:
-        # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
-        # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=own)
-        except OSError as exc:
-            # Another user's file we may not read: it is quarantined (replayable
-            # once its mode is fixed) rather than stopping the queue behind it.
-            headers["kind"] = "unreadable"
-            headers["detail"] = exc.strerror or str(exc)
-            return Delivery(
-                b"", name, redelivered=redelivered, stable_ref=True, token=name, headers=headers
-            )
-        try:
-            # Read what the lstat promised plus one byte, up to the limit + 1: a
-            # file that grew past the limit meanwhile is seen as too large, and
-            # no buffer of max_bytes is allocated for a small message. A short
-            # read of a regular file is its end: no extra read to see EOF.
-            want = min(st.st_size, max_bytes) + 1
-            chunks = []
-            while want > 0 and (chunk := os.read(fd, want)):
-                chunks.append(chunk)
-                if len(chunk) < want:
-                    break
-                want -= len(chunk)
-        finally:
-            os.close(fd)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        headers["size"] = len(body)
-    return Delivery(
-        body=body,
-        ref=name,
-        redelivered=redelivered,
-        stable_ref=True,
-        token=name,
-        headers=headers,
-    )
+    mode, size = st.st_mode, st.st_size
+    if not S_ISREG(mode):
+        kind = "symlink" if S_ISLNK(mode) else "folder" if S_ISDIR(mode) else "special"
+        # special: a FIFO or device, whose opening could block forever; none is opened.
+        return Delivery(b"", name, None, redelivered, True, name, {"kind": kind, "size": size})
+    if size > max_bytes:  # never read into memory: the decoder says too-large
+        return Delivery(b"", name, None, redelivered, True, name, {"kind": "file", "size": size})
+    # O_NOFOLLOW: a symlink swapped in after the lstat is refused, not followed.
+    # O_NONBLOCK: nor does a FIFO swapped in make us wait for a writer.
+    try:
+        fd = os.open(name, _READ, dir_fd=own)
+    except OSError as exc:
+        # Another user's file we may not read: it is quarantined (replayable once its
+        # mode is fixed) rather than stopping the queue behind it.
+        headers = {"kind": "unreadable", "size": size, "detail": exc.strerror or str(exc)}
+        return Delivery(b"", name, None, redelivered, True, name, headers)
+    try:
+        # One read of what the lstat promised plus one byte: a file that grew past the
+        # limit meanwhile is seen as too large, no buffer of max_bytes is allocated for
+        # a small message, and a short read of a regular file is its end (no extra read
+        # to see EOF).
+        body = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    return Delivery(body, name, None, redelivered, True, name, {"kind": "file", "size": len(body)})
+
+
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
