@@ -9,9 +9,10 @@ Two parts, each side by side in interleaved rounds (the best of each row shown):
   `--delay 0`) over n queued claims, once with `--db ./x.db` (SQLite) and once with
   `--db postgresql://…` (a new database per run on the loopback server), and the bare
   aiormq + aiohttp consumer as the ceiling (mq_common.bare_consumer: same libraries
-  and prefetch, the same grouped SQLite commit, one multiple ack per group). Rate: the ledger's commit stamps, first
-  commit to last (mq_common.ledger_span, start-up excluded); a run counts only when
-  claim.in is empty with nothing unacked and the stub answered one 201 per claim.
+  and prefetch, the same grouped SQLite commit, one multiple ack per group). Rate: the
+  ledger's commit stamps, first commit to last (mq_common.ledger_span, start-up
+  excluded); a run counts only when claim.in is empty with nothing unacked and the
+  stub answered one 201 per claim.
   Target: PostgreSQL >= 0.8 of SQLite. Run at each --prefetch given (default 5, the
   CLI's default, and 20): with 5 in flight and a partner that answers at once a message's
   rate is 5 / the time it takes, so every round trip to PostgreSQL shows; with 20 the
