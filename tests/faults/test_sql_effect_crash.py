@@ -87,7 +87,7 @@ class Invoices:
         rng = self.rng
         for _ in range(count):
             i, self.n = self.n, self.n + 1
-            name = f"inv-{i:05d}.json"
+            name = f"inv-{i:06d}.json"
             roll = rng.random()
             if roll < 0.02:
                 body = b'{"invoiceId": '
@@ -117,6 +117,9 @@ def start(script: Path, root: Path, env: dict[str, str] | None = None) -> subpro
     )
 
 
+TOP_UP = 8000
+
+
 def test_sql_effect_is_exactly_once_across_kill_9(tmp_path: Path) -> None:
     rng = random.Random(11)
     root = tmp_path / "q"
@@ -126,9 +129,10 @@ def test_sql_effect_is_exactly_once_across_kill_9(tmp_path: Path) -> None:
     kills = 0
     for round_ in range(24):
         # Topped up before each run, so every kill lands in the middle of work however
-        # fast the machine drains the queue.
-        if len(os.listdir(root / "inbox")) < 1500:
-            inv.add(1500)
+        # fast the machine drains the queue (1,500 files were once enough; a run now
+        # drains them within the 0.3 s a kill may wait).
+        if len(os.listdir(root / "inbox")) < TOP_UP:
+            inv.add(TOP_UP)
         if round_ % 3 == 0:  # a fault point: the process kills itself at an exact window
             env = {"ONCEQ_FAULT": rng.choice(POINTS), "ONCEQ_FAULT_AFTER": str(rng.randint(1, 9))}
             p = start(script, root, env)
