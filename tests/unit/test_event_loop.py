@@ -1,4 +1,4 @@
-"""The event loop of a run: uvloop where installed, asyncio's on request or without it."""
+"""The event loop of a run: asyncio's by default, uvloop's with ONCEQ_LOOP=uvloop."""
 
 from __future__ import annotations
 
@@ -17,21 +17,26 @@ async def _loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-def test_a_run_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_uses_asyncios_loop_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(loop.ENV, raising=False)
+    assert loop.loop_factory() is None
+    assert loop.run(_loop_module()).startswith("asyncio")
+
+
+@pytest.mark.parametrize("value", ["uvloop", " UVLoop "])
+def test_onceq_loop_uvloop_chooses_uvloop(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(loop.ENV, value)
     assert loop.run(_loop_module()).startswith("uvloop")
 
 
-@pytest.mark.parametrize("value", ["asyncio", " AsyncIO "])
-def test_onceq_loop_asyncio_chooses_asyncios_loop(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
+@pytest.mark.parametrize("value", ["asyncio", "", "nonsense"])
+def test_any_other_value_is_asyncio(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(loop.ENV, value)
     assert loop.run(_loop_module()).startswith("asyncio")
 
 
 def test_without_uvloop_the_run_falls_back_to_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(loop.ENV, raising=False)
+    monkeypatch.setenv(loop.ENV, "uvloop")
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop → ImportError
     assert loop.loop_factory() is None
     assert loop.run(_loop_module()).startswith("asyncio")
@@ -53,8 +58,8 @@ def test_onceq_run_consumes_on_the_chosen_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The library's run path (the CLI's too) goes through loop.run: an async effect
-    sees uvloop's loop, or asyncio's with ONCEQ_LOOP=asyncio."""
-    for env, expected in ((None, "uvloop"), ("asyncio", "asyncio")):
+    sees asyncio's loop, or uvloop's with ONCEQ_LOOP=uvloop."""
+    for env, expected in ((None, "asyncio"), ("uvloop", "uvloop")):
         if env is None:
             monkeypatch.delenv(loop.ENV, raising=False)
         else:

@@ -1,13 +1,13 @@
-"""The event loop a consume or publish run uses: uvloop where it is installed.
+"""The event loop a consume or publish run uses: asyncio's, or uvloop's when asked for.
 
-uvloop (a libuv loop, a dependency on the platforms it supports) runs onceq's
-consumer in ~12 % fewer instructions per message than asyncio's own loop (callgrind,
-`mq consume --prefetch 20`, fast partner: 1.10M against 1.24M per message;
-BENCHMARKS.md). It changes no ordering the reliability depends on: commit before
-ack is awaited in onceq's own code, not left to callback order. ONCEQ_LOOP=asyncio
-chooses asyncio's loop (to rule the loop out when chasing a bug); so does a platform
-without uvloop. Short commands (status, topology) keep asyncio's loop: they would
-pay uvloop's import (~5 ms) and gain nothing.
+uvloop runs onceq's consumer in ~12 % fewer instructions per message than asyncio's
+own loop (callgrind, `mq consume --prefetch 20`, fast partner: 1.10M against 1.24M per
+message; publish 616k against 702k per file; a directory queue the same either way).
+It is opt-in, not the default: with it as the default, two runs were found idle in
+their loop for good in the test suite (a `dirq consume --workers 2` child, and an
+in-process `onceq run --until-empty`), which asyncio's loop has never done here; until
+that is understood a speed-up does not outweigh a consumer that stops. ONCEQ_LOOP=uvloop
+chooses it (`pip install onceq[uvloop]`); anything else, or uvloop missing, asyncio's.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ ENV = "ONCEQ_LOOP"
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop factory, or None (asyncio's default) when opted out or absent."""
-    if os.environ.get(ENV, "").strip().lower() == "asyncio":
+    """uvloop's loop factory when ONCEQ_LOOP=uvloop and it is installed, else None
+    (asyncio's default)."""
+    if os.environ.get(ENV, "").strip().lower() != "uvloop":
         return None
     try:
-        import uvloop  # an optional speed-up: absent on Windows
+        import uvloop  # an optional extra: onceq[uvloop]
     except ImportError:
         return None
     return uvloop.new_event_loop
