@@ -33,7 +33,9 @@ from retention_support import backdate, ok
 pytestmark = pytest.mark.slow
 
 N_OLD = 40_000  # rows 40 days old: enough batches of BATCH that prune lasts a while
-BATCH = 10  # small: prune lasts a while (4,000 batches), as on a big ledger
+# Small: prune lasts a while (10,000 batches), well over the consumer's 0.5 s inbox
+# poll (4,000 batches of 10 once ended before the consumer looked), as on a big ledger.
+BATCH = 4
 N_RECENT = 200
 N_NEW = 50
 N_OLD_AGAIN = 5
