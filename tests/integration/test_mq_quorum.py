@@ -174,8 +174,18 @@ def test_dead_letters_on_quorum_are_browsed_in_order_replayed_and_purged(
     pur = run_dead(amqp_url, "purge", "--all", "--yes", "--db", str(db), "--json")
     assert pur.returncode == 0 and json.loads(pur.stdout)["done"] == 39, pur.stderr
     # Once right after a purge that reported all 39 done, 6 were still counted (1 run in
-    # ~10; not reproduced since): wait for the count, and a letter that stays fails.
-    wait_for(lambda: _ready(amqp_url, "claim.dead") == 0, 15)
+    # ~10; again in a fresh-clone run beside the whole suite, after 15 s): wait for the
+    # count, and a letter that stays fails, saying how many stayed.
+    left: list[int] = []
+
+    def emptied() -> bool:
+        left.append(_ready(amqp_url, "claim.dead"))
+        return left[-1] == 0
+
+    try:
+        wait_for(emptied, 30, step=0.2)
+    except AssertionError:
+        raise AssertionError(f"claim.dead still counts {left[-1]} after the purge") from None
 
 
 @pytest.mark.parametrize(
