@@ -13,33 +13,21 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from onceq import DirSource, Flow, MessageSpec, PythonEffect, Reject
-from onceq import run as run_flows
+from console_support import dead_queue
+from onceq import Flow
 from onceq._console.api import ROUTES
 from onceq._console.guard import check_bind, read_token
 from onceq._console.openapi import document
 from onceq._console.server import make_app
 from onceq._console.state import ConsoleState
-from onceq._sources.dirq.queue import DirQueue
 from onceq.errors import UsageError
 
 TOKEN = "t0ken-for-the-console-tests"
 
 
-def refuse_odd(doc: dict[str, Any]) -> None:
-    if int(doc["n"]) % 2:
-        raise Reject("odd")
-
-
 def queue_with_dead(tmp_path: Path, n: int = 6) -> tuple[Flow, Path]:
-    """A directory queue whose odd messages died (reason python-rejected), and its ledger."""
-    root = tmp_path / "q"
-    DirQueue(root).init()
-    for i in range(n):
-        (root / "inbox" / f"m{i}.json").write_text(json.dumps({"id": f"m{i}", "n": i}))
-    flow = Flow("f", DirSource(root), MessageSpec(id_field="id"), effect=PythonEffect(refuse_odd))
-    ledger = tmp_path / "ledger.db"
-    run_flows(flow, ledger=ledger, until_empty=True)
+    """A directory queue whose odd messages died (reason rejected), and its ledger."""
+    flow, _root, ledger = dead_queue(tmp_path, n)
     return flow, ledger
 
 
