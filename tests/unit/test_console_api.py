@@ -36,7 +36,7 @@ Check = Callable[[TestClient[Any, Any]], Awaitable[None]]
 
 def serve(state: ConsoleState, check: Check, token: str | None = None) -> None:
     async def main() -> None:
-        app = make_app(state, token, 8025)
+        app = make_app(state, token)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             await check(client)
 

@@ -83,9 +83,8 @@ def check_bind(host: str, token: str | None) -> None:
 class Guard:
     """The middleware: security headers on every answer, the checks above on /api/."""
 
-    def __init__(self, token: str | None, port: int) -> None:
+    def __init__(self, token: str | None) -> None:
         self.token = token
-        self.port = port
         self.csrf = secrets.token_urlsafe(32)  # new at every start: a page reloads it
 
     @web.middleware
@@ -105,7 +104,7 @@ class Guard:
 
     def refusal(self, request: web.Request) -> str | None:
         """Why this request is refused, or None."""
-        if self.token is None and not self._local_host(request.host):
+        if self.token is None and not _local_host(request.host):
             return "this console answers only to localhost and 127.0.0.1"
         if not request.path.startswith("/api/") or request.path == "/api/openapi.json":
             return None  # the page and its assets hold nothing
@@ -120,9 +119,10 @@ class Guard:
                 return f"a change needs the page's {CSRF_HEADER}"
         return None
 
-    def _local_host(self, host: str) -> bool:
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        return name in LOCAL_NAMES or is_loopback(name)
+
+def _local_host(host: str) -> bool:
+    """A Host header naming this machine: its name without the port is a loopback."""
+    return is_loopback(host.rsplit(":", 1)[0] if not host.endswith("]") else host)
 
 
 def _bearer(request: web.Request) -> str:

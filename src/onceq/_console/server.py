@@ -29,8 +29,8 @@ ASSETS = {
 }
 
 
-def make_app(state: ConsoleState, token: str | None, port: int) -> web.Application:
-    guard = Guard(token, port)
+def make_app(state: ConsoleState, token: str | None) -> web.Application:
+    guard = Guard(token)
     app = web.Application(middlewares=[guard.middleware, errors], client_max_size=256 * 1024)
     app[STATE] = state
     app[CSRF] = guard.csrf
@@ -72,7 +72,7 @@ def serve(state: ConsoleState, host: str, port: int, token: str | None, ready: A
     check_bind(host, token)
 
     async def main() -> None:
-        runner = await start(make_app(state, token, port), host, port)
+        runner = await start(make_app(state, token), host, port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -117,7 +117,7 @@ class ConsoleThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             try:
-                runner = await start(make_app(state, token, port), host, port)
+                runner = await start(make_app(state, token), host, port)
             except BaseException as exc:
                 self._error = exc
                 self._ready.set()

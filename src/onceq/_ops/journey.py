@@ -174,7 +174,7 @@ def _journey(
 ) -> Journey:
     steps: list[Step] = []
     kept: dict[str, Any] = {}
-    ops: dict[int, dict[str, Any]] | None = None
+    ops: _Ops | None = None  # the flow's dead_ops, read once, only when a step needs them
     for what, _flow, at, _id, attempt, action, reason, detail, delay_s, ref, op, extra in found:
         if what == "failure":
             steps.append(_failure(at, attempt, action, reason, detail, delay_s, ref))
@@ -185,11 +185,17 @@ def _journey(
         elif what == "replayed":
             if op is not None and ops is None:
                 ops = _ops_of(reading, flow)
-            steps.append(Step(at=at, step="replayed", ref=ref, op=(ops or {}).get(op)))
+            shown = ops.shown.get(int(op)) if ops is not None and op is not None else None
+            steps.append(Step(at=at, step="replayed", ref=ref, op=shown))
         else:
             steps.append(Step(at=at, step=what, ref=ref))
     if msg_id is not None and "dead_ops" in reading.tables and any(s.step == "dead" for s in steps):
-        steps += _purges(reading, flow, msg_id)
+        ops = ops if ops is not None else _ops_of(reading, flow)
+        steps += [
+            Step(at=ops.shown[i]["started_at"], step="purged", op=ops.shown[i])
+            for i, ids in ops.purged.items()
+            if msg_id in ids
+        ]
     return _finish(Journey(flow, msg_id, "", steps, kept))
 
 
@@ -207,22 +213,21 @@ def _failure(
     )
 
 
-def _purges(reading: Reading, flow: str, msg_id: str) -> list[Step]:
-    steps = []
-    for op in _ops_of(reading, flow).values():
-        if op["op"] == "purge" and msg_id in op.pop("_ids", ()):
-            steps.append(Step(at=op["started_at"], step="purged", op=op))
-    return steps
+@dataclass
+class _Ops:
+    """A flow's dead-letter operations: each as a journey shows it, by id, and the ids
+    each purge removed (for matching only: the list can be long and is not shown)."""
+
+    shown: dict[int, dict[str, Any]]
+    purged: dict[int, set[str]]
 
 
-def _ops_of(reading: Reading, flow: str) -> dict[int, dict[str, Any]]:
-    """The flow's dead-letter operations by id (their filter decoded; a purge's ids under
-    `_ids`, for matching only: the list can be long and is not shown)."""
-    out = {}
+def _ops_of(reading: Reading, flow: str) -> _Ops:
+    ops = _Ops({}, {})
     for op_id, op, transport, filt, queue, started, finished, count, ids in reading.rows(
         _OPS, (flow,)
     ):
-        out[int(op_id)] = {
+        ops.shown[int(op_id)] = {
             "id": int(op_id),
             "op": op,
             "transport": transport,
@@ -231,12 +236,10 @@ def _ops_of(reading: Reading, flow: str) -> dict[int, dict[str, Any]]:
             "started_at": started,
             "finished_at": finished,
             "count": int(count),
-            "_ids": set(_json(ids, [])) if op == "purge" else set(),
         }
-    for entry in out.values():
-        if entry["op"] != "purge":
-            entry.pop("_ids")
-    return out
+        if op == "purge":
+            ops.purged[int(op_id)] = set(_json(ids, []))
+    return ops
 
 
 def _finish(j: Journey) -> Journey:

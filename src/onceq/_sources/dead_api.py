@@ -38,7 +38,7 @@ class DeadItem:
     # content type, … (a file: its name and size).
     properties: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self, body_limit: int | None = None) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("body")
         return out
