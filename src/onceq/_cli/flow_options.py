@@ -40,6 +40,12 @@ def flow_name_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., 
     )
 
 
+def flow_names_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--flow NAME, repeatable (into `names`): the commands that read several flows
+    (status, trace); none given means every flow."""
+    return click.option("--flow", "names", multiple=True, metavar="NAME", help=help)
+
+
 def flow_options(*, timeout: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the spec and HTTP flags; `timeout=False` when the command has its own --timeout."""
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from onceq._cli.db_option import db_option
+from onceq._cli.flow_options import flow_names_option
 from onceq._cli.output import Seconds, console, emit_json
 from onceq._cli.run import load_or_exit
 from onceq._core.logs import setup as setup_logs
@@ -21,13 +22,7 @@ DEFAULT_FILE = "flows.toml"
 
 @click.command()
 @click.argument("file", required=False, type=click.Path(path_type=Path, dir_okay=False))
-@click.option(
-    "--flow",
-    "names",
-    multiple=True,
-    metavar="NAME",
-    help="Show only this flow (repeatable; default: every flow).",
-)
+@flow_names_option("Show only this flow (repeatable; default: every flow).")
 @db_option(
     "Ledger to read (a path or a postgresql:// URL). Without FILE and ./flows.toml: every"
     " flow this ledger holds, ledger counts only. With FILE: instead of the file's ledger."

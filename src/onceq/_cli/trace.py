@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from onceq._cli.db_option import db_option
+from onceq._cli.flow_options import flow_names_option
 from onceq._cli.output import console, emit_json
 from onceq._cli.run import load_or_exit
 from onceq._core.logs import setup as setup_logs
@@ -33,13 +34,7 @@ _LOOK = {
 @click.command()
 @click.argument("msg_id", metavar="ID")
 @click.argument("file", required=False, type=click.Path(path_type=Path, dir_okay=False))
-@click.option(
-    "--flow",
-    "names",
-    multiple=True,
-    metavar="NAME",
-    help="Only this flow (repeatable; default: every flow of the ledger holding ID).",
-)
+@flow_names_option("Only this flow (repeatable; default: every flow of the ledger holding ID).")
 @db_option("Ledger to read (a path or a postgresql:// URL), instead of FILE's ledger.")
 @click.option("--json", "as_json", is_flag=True, help="Print the journeys as JSON (stable keys).")
 def trace(msg_id: str, file: Path | None, names: tuple[str, ...], db: Any, as_json: bool) -> None:
