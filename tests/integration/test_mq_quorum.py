@@ -185,7 +185,29 @@ def test_dead_letters_on_quorum_are_browsed_in_order_replayed_and_purged(
     try:
         wait_for(emptied, 30, step=0.2)
     except AssertionError:
-        raise AssertionError(f"claim.dead still counts {left[-1]} after the purge") from None
+        # Which letters stayed, and whether the purge's audit named them: a letter the
+        # audit lists but the queue still holds is a purge that acked less than it said.
+        stayed = _browse_ids(amqp_url, "claim.dead")
+        raise AssertionError(
+            f"claim.dead still counts {left[-1]} after the purge: {stayed}, "
+            f"report {json.loads(pur.stdout)}"
+        ) from None
+
+
+def _browse_ids(url: str, queue: str) -> list[tuple[str | None, bool]]:
+    """(message_id, redelivered) of every letter, each handed back when the channel closes."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch, seen = conn.channel(), []
+        while True:
+            method, props, _ = ch.basic_get(queue, auto_ack=False)
+            if method is None:
+                return seen
+            seen.append((props.message_id, bool(method.redelivered)))
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize(
