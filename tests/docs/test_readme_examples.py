@@ -216,9 +216,10 @@ def _the_repairs_did_what_the_readme_says(
     assert "0 of 0 dead letter(s) in fix.dead" in listed[3], listed[3]
     # The directory queue: INV-5 processed once, its replay recorded; the rest untouched.
     fix = tmp_path / "fix"
-    assert sorted(p.name for p in (fix / "error").iterdir()) == [
-        "inv-006-busy.json",
-        "inv-008-no-id.json",
+    assert sorted(p.name for p in (fix / "error").iterdir()) == ["inv-006-busy.json"]
+    # The one given up on: deleted, its name (it has no id) in the purge's audit row.
+    assert _rows(fix / "ledger.db", "SELECT op, ids, count FROM dead_ops WHERE op = 'purge'") == [
+        ("purge", '["inv-008-no-id.json"]', 1)
     ]
     assert json.loads((fix / "done" / "inv-005-negative.json").read_text())["total"] == 5
     assert _rows(fix / "ledger.db", "SELECT count(*) FROM messages WHERE msg_id = 'INV-5'") == [

@@ -1,4 +1,5 @@
-"""`onceq dirq dead list` and `onceq dirq replay`: a directory queue's dead letters.
+"""`onceq dirq dead list`, `onceq dirq dead purge` and `onceq dirq replay`: a directory
+queue's dead letters.
 
 The files in error/ are its dead letters; the ledger says what each died of. The
 library (onceq._sources.dirq.dead, onceq._sources.dirq.queue) decides and checks; this module parses
@@ -7,6 +8,7 @@ and reports.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -17,9 +19,11 @@ from onceq._cli.flow_options import flow_name_option
 from onceq._cli.output import emit_json, note_new_ledger
 from onceq._ledger.sqlite import check_flow_name
 from onceq._ledger.target import Target, open_ledger
+from onceq._sources.dead_api import DeadAction, DeadSelection
+from onceq._sources.dirq import dead_items
 from onceq._sources.dirq.dead import dead_files, replay_files, select
 from onceq._sources.dirq.queue import DirQueue
-from onceq.errors import UsageError
+from onceq.errors import NotFound, UsageError
 
 
 @click.group()
@@ -159,3 +163,98 @@ def _replay_many(
         click.echo(
             f"{qdir}: {len(names)} file(s) error/ -> inbox/ ({what}; replays recorded, op {op})"
         )
+
+
+@dead.command("purge")
+@click.argument("qdir", type=QDIR)
+@click.argument("files", nargs=-1, metavar="[FILE]...")
+@click.option("--all", "everything", is_flag=True, help="Delete every file in error/.")
+@click.option("--reason", metavar="R", help="Delete the files that died of this reason (exact).")
+@click.option("--dry-run", is_flag=True, help="Change nothing; print what would be deleted.")
+@click.option("--yes", is_flag=True, help="Do not ask: delete (needed without a terminal).")
+@db_option(DB_HELP)
+@flow_name_option("The flow whose dead letters these are (the purge is recorded under it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def purge(
+    qdir: Path,
+    files: tuple[str, ...],
+    everything: bool,
+    reason: str | None,
+    dry_run: bool,
+    yes: bool,
+    db: Target | None,
+    flow_name: str,
+    as_json: bool,
+) -> None:
+    """Delete files from QDIR/error/ for good, recorded in the ledger with their ids.
+
+    Exactly one of FILE…, --all, --reason R. Asks for confirmation (showing how
+    many) unless --yes; without a terminal to ask on and without --yes it refuses
+    (exit 2) and deletes nothing. The purge is one audited operation (the
+    ledger's dead_ops) and its ids (the msg_id, or the file name of a file that
+    never parsed) are recorded before the first file goes: a killed purge may
+    list a file still there, never delete an unlisted one. Exactly the files
+    counted in the question are deleted; one replayed meanwhile is left alone.
+
+    A refused purge changes nothing: exit 2 for a wrong combination or something
+    in error/ that is not a regular file, 3 when there is no ledger, a FILE is
+    not in error/, or nothing matches.
+
+    \b
+    Example:
+      onceq dirq dead purge ./q --reason parse --dry-run
+      onceq dirq dead purge ./q msg-009.json --yes
+      onceq dirq dead purge ./inv --all --flow invoices --yes --json
+    """
+    chosen = [w for w, on in (("FILE", bool(files)), ("--all", everything),
+                              ("--reason", reason is not None)) if on]  # fmt: skip
+    if len(chosen) != 1:
+        raise UsageError(
+            "purge: name exactly one of FILE…, --all or --reason R"
+            + (f" (not {' and '.join(chosen)})" if chosen else "")
+        )
+    check_flow_name(flow_name)
+    if not (yes or dry_run or sys.stdin.isatty()):
+        raise UsageError("purge: no terminal to confirm on; give --yes to delete without asking")
+    queue = DirQueue(qdir).check()
+    # The reasons and the audit are the ledger's: a purge reads it and never creates it.
+    with open_ledger(db or queue.default_db, flow=flow_name, create=False) as ledger:
+        found = dead_items.items(queue, ledger, DeadSelection(files, reason))
+        missing = sorted(set(files) - {x.key for x in found})
+        if missing:
+            raise NotFound(
+                f"{queue.folder('error')}: not there: {', '.join(missing)} (nothing purged)"
+            )
+        if not found:
+            what = f"with reason {reason!r}" if reason is not None else "at all"
+            raise NotFound(f"{queue.folder('error')}: no file {what}; nothing to purge")
+        names = [x.key for x in found]
+        if dry_run:
+            _print_purge(qdir, names, None, as_json)
+            return
+        ask = f"delete {len(names)} file(s) from {queue.folder('error')} for good?"
+        if not yes and not click.confirm(ask, default=False, err=True):
+            click.echo(f"purge declined: {len(names)} file(s) left in error/", err=True)
+            return
+        # Exactly the files counted: the selection is pinned to their names.
+        keys = DeadSelection(tuple(names), reason)
+        done = dead_items.purge(queue, ledger, keys, via="cli")
+    _print_purge(qdir, names, done, as_json)
+
+
+def _print_purge(qdir: Path, names: list[str], done: DeadAction | None, as_json: bool) -> None:
+    if as_json:
+        out = {"dry_run": done is None, "files": names}
+        emit_json(out | ({} if done is None else done.as_dict()))
+        return
+    if done is None:
+        click.echo(f"dry run: would delete {len(names)} file(s) from {qdir}/error/: "
+                   + ", ".join(names[:10]) + (f" …(+{len(names) - 10})" if len(names) > 10 else "")
+                   + "; nothing changed")  # fmt: skip
+        return
+    for key, why in done.skipped:
+        click.echo(f"{key}: not deleted, {why}", err=True)
+    click.echo(
+        f"{qdir}: {done.done} of {len(names)} file(s) deleted from error/"
+        f" (ids recorded, op {done.op})"
+    )

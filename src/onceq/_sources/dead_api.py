@@ -56,9 +56,9 @@ class DeadSelection:
             return False
         return self.reason is None or item.reason == self.reason
 
-    def as_filter(self) -> dict[str, Any]:
-        """The selection as the audit row's filter (`dead_ops.filter`)."""
-        out: dict[str, Any] = {"via": "console"}
+    def as_filter(self, via: str = "console") -> dict[str, Any]:
+        """The selection as the audit row's filter (`dead_ops.filter`), with who asked."""
+        out: dict[str, Any] = {"via": via}
         if self.keys:
             out["ids"] = list(self.keys)
         if self.reason is not None:

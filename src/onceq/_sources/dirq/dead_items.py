@@ -13,6 +13,7 @@ so a second click replays nothing.
 from __future__ import annotations
 
 import os
+import stat
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 from onceq._sources.dirq.dead import DeadFile, check_replayable, dead_files, replay_files
 from onceq._sources.dirq.files import fsync_dir
 from onceq._sources.dirq.queue import DirQueue
+from onceq.errors import UsageError
 
 __all__ = ["items", "purge", "replay"]
 
@@ -49,20 +51,33 @@ def replay(queue: DirQueue, ledger: Any, selection: DeadSelection) -> DeadAction
     return result
 
 
-def purge(queue: DirQueue, ledger: Any, selection: DeadSelection) -> DeadAction:
+def purge(
+    queue: DirQueue, ledger: Any, selection: DeadSelection, via: str = "console"
+) -> DeadAction:
     """Delete the selected files from error/, audited as `mq dead purge` is: the audit
     row first, then the ids (the msg_id, or the file name of one that never parsed)
     recorded BEFORE any file goes — a killed purge may list a file still there, never
-    remove an unlisted one — then the unlinks and one fsync of error/."""
+    remove an unlisted one — then the unlinks and one fsync of error/. Something in
+    error/ that is not a regular file (a folder, a link) refuses the whole purge first:
+    deleting it is a person's decision, and a refusal must change nothing."""
     result = DeadAction("purge")
     files = [f for f in dead_files(queue, ledger) if selection.matches(_light(f))]
     result.matched = len(files)
     if not files:
         return result
-    result.op = ledger.start_op("dirq", "purge", selection.as_filter(), str(queue.root))
+    error = queue.folder("error")
+    for f in files:
+        try:
+            regular = stat.S_ISREG(os.lstat(error / f.file).st_mode)
+        except FileNotFoundError:
+            continue  # gone since it was listed: skipped below
+        if not regular:
+            raise UsageError(
+                f"{error / f.file}: not a regular file; remove it by hand (nothing purged)"
+            )
+    result.op = ledger.start_op("dirq", "purge", selection.as_filter(via), str(queue.root))
     try:
         ledger.record_purged(result.op, [f.msg_id or f.file for f in files])
-        error = queue.folder("error")
         for f in files:
             try:
                 os.unlink(error / f.file)
