@@ -28,9 +28,11 @@ Beside each mq rate, the CPU per message of the consumer process and of PostgreS
 checkpointer … and the postmaster; /proc/PID/stat): on this machine
 the consumer, the broker, the stub and PostgreSQL share the same cores, so where the
 CPU goes is what the rates come from. And the messages per group commit (the ledger's
-distinct commit stamps): each PostgreSQL commit is two round trips (BEGIN, its id and
-the dedup insert; then the rest with the COMMIT), so fewer messages per commit means
-more of a message's time waiting on the server. PostgreSQL is the server named by ONCEQ_BENCH_PG
+distinct commit stamps): each PostgreSQL commit is two round trips (BEGIN and the
+dedup insert, which returns the transaction's id; then the rest with the COMMIT), and
+each claim batch one more (the in-flight guard: releases, claims and the duplicate
+check in one statement), so fewer messages per commit means more of a message's time
+waiting on the server. PostgreSQL is the server named by ONCEQ_BENCH_PG
 (default postgresql://postgres@127.0.0.1:5432/postgres); each run's database is
 dropped afterwards. Exits 1 when a target is missed.
 

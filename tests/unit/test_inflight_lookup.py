@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from onceq._core.inflight import Checked, FileGuard, Leases, guard_for
+from onceq._ledger.pg import guard as pg_guard
 from onceq._ledger.pg.guard import PgGuard
 from onceq._ledger.target import open_ledger
 
@@ -63,17 +64,28 @@ def probe_log(url: str, pid: int, msg_id: str) -> list[tuple[str, bool]]:
         ).fetchall()
 
 
-@pytest.fixture
-def probed(pg_url: str) -> str:
+@pytest.fixture(params=["function", "pipeline"])
+def probed(request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ledger's schema with the probe; each test runs twice: the batch as the
+    session's function (CLAIM_FN), and as the pipeline a server that refuses that
+    function gets (no TEMP privilege)."""
     open_ledger(pg_url, "mq", flow=FLOW).close()  # the schema
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(PROBE)
+    if request.param == "pipeline":
+
+        async def refused(conn: psycopg.AsyncConnection[object]) -> bool:
+            return False
+
+        monkeypatch.setattr(pg_guard, "make_claim_fn", refused)
     return pg_url
 
 
 async def _pid(g: PgGuard) -> int:
     conn = await g._connection()
     assert conn is not None
+    # The way the fixture asked for: the function unless it was refused.
+    assert g._fn is (pg_guard.make_claim_fn.__name__ == "make_claim_fn")
     return conn.info.backend_pid
 
 

@@ -1,9 +1,10 @@
 """The PostgreSQL group commit's round trips, and what a pipelined statement's failure does.
 
-A group goes to the server in two round trips (`Reconnector.transaction`): BEGIN, the
-transaction id and the dedup insert together, then the presets' bulk insert with the
-COMMIT. Counted from libpq's own protocol trace of the writer: each Sync (the end of a
-pipeline) and each simple Query the client sends is one wait for the server.
+A group goes to the server in two round trips (`Reconnector.transaction`): BEGIN and
+the dedup insert (which returns the transaction id too) together, then the presets'
+bulk insert with the COMMIT. Counted from libpq's own protocol trace of the writer:
+each Sync (the end of a pipeline), each Flush (a pipeline's answers asked for, the
+pipeline left open) and each simple Query the client sends is one wait for the server.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def success(msg_id: str, ref: str) -> Entry:
 
 @contextlib.contextmanager
 def round_trips(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
-    """The client's messages that wait for the server (Sync, Query), once the block ends."""
+    """The client's messages that wait for the server (Sync, Flush, Query), once the
+    block ends."""
     waits: list[str] = []
     with tempfile.TemporaryFile("w+") as trace:
         conn.pgconn.trace(trace.fileno())
@@ -46,10 +48,17 @@ def round_trips(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
         finally:
             conn.pgconn.untrace()
         trace.seek(0)
+        # One wait per burst of the client's messages that asks for an answer and is
+        # followed by the server's (a Flush right behind a Sync waits for nothing more).
+        burst: list[str] = []
         for line in trace:
             fields = line.rstrip("\n").split("\t")
-            if fields[0] == "F" and fields[2].startswith(("Sync", "Query")):
-                waits.append(fields[2] if fields[2] == "Sync" else fields[3].strip(' "'))
+            if fields[0] == "F" and fields[2].startswith(("Sync", "Flush", "Query")):
+                burst.append(fields[3].strip(' "') if fields[2] == "Query" else fields[2])
+            elif fields[0] == "B" and burst:
+                waits.append(burst[0])
+                burst = []
+        waits.extend(burst[:1])
 
 
 def test_a_group_with_the_presets_table_is_two_round_trips(pg_url: str) -> None:
@@ -58,7 +67,20 @@ def test_a_group_with_the_presets_table_is_two_round_trips(pg_url: str) -> None:
         group = [success(f"m{i}", f"r{i}") for i in range(1, 6)]
         with round_trips(ledger._write) as waits:
             ledger.commit(group)
-        assert waits == ["Sync", "Sync"]
+        assert waits == ["Flush", "Sync"]
+        # The id a lost COMMIT is looked up by came back with the insert (no SELECT of
+        # its own), and it is the transaction that committed the group.
+        xid = ledger._net.xid
+        assert xid is not None
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            assert row == ("committed",)
+            row = conn.execute(
+                "SELECT count(*) FROM onceq.messages"
+                " WHERE xmin::text::bigint = %s::bigint %% 4294967296",
+                (xid,),
+            ).fetchone()
+            assert row == (5,)
         assert all(e.kind is Kind.SUCCESS for e in group)
         assert ledger.counts()["processed"] == 6
         assert len(ledger.query("SELECT msg_id FROM processed")[1]) == 6
@@ -69,7 +91,7 @@ def test_a_group_without_an_effect_is_two_round_trips(pg_url: str) -> None:
         group = [success("m1", "r1"), success("m2", "r2")]
         with round_trips(ledger._write) as waits:
             ledger.commit(group)
-        assert waits == ["Sync", "COMMIT"]
+        assert waits == ["Flush", "Sync"]
         assert ledger.counts()["processed"] == 2
 
 

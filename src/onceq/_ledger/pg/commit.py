@@ -1,8 +1,9 @@
 """What PostgreSQL supplies to the one group commit (`onceq._ledger.commit.GroupCommit`).
 
-- the transaction, in two round trips (`Reconnector.transaction`): BEGIN, its
-  transaction id and the dedup insert as one pipeline, then the presets' bulk insert
-  queued with the COMMIT; tried until it goes through (`Reconnector.run_commit`):
+- the transaction, in two round trips (`Reconnector.transaction`): BEGIN and the
+  dedup insert, which returns the transaction id too, then the presets' bulk insert
+  queued with the COMMIT, in one pipeline; tried until it goes through
+  (`Reconnector.run_commit`):
   a lost connection is waited out and the same group written again with the same
   `now`, a COMMIT whose answer was lost is looked up, not repeated; a deadlock with
   another consumer's group is retried;
@@ -31,7 +32,14 @@ from onceq._core.entry import Entry
 from onceq._core.values import is_data_error
 from onceq._ledger.commit import GroupCommit
 from onceq._ledger.pg.reconnect import Reconnector, is_connection_error
-from onceq._ledger.pg.rows import group_insert, pg_build_row, record_one_by_one, split_won
+from onceq._ledger.pg.rows import (
+    group_insert,
+    pg_build_row,
+    record_one_by_one,
+    split_won,
+    take_xid,
+    with_xid,
+)
 from onceq._ledger.pg.sql import PgTx
 from onceq.errors import LedgerError
 
@@ -112,9 +120,11 @@ class PgCommit(GroupCommit):
 
     @contextlib.contextmanager
     def _savepoint(self, tx: Tx) -> Iterator[None]:
-        # The BEGIN first: psycopg makes a savepoint only inside a transaction it sees
-        # (in an idle autocommit session its transaction() would BEGIN and COMMIT).
+        # The BEGIN first, and no pipeline left open: psycopg makes a savepoint only
+        # inside a transaction it sees (in an idle autocommit session its transaction()
+        # would BEGIN and COMMIT), and it sees one only after a Sync.
         self._net.begin(self._write)
+        self._net.sync()
         self._savepoints += 1
         try:
             with self._write.transaction():
@@ -134,9 +144,15 @@ class PgCommit(GroupCommit):
             self._net.begin(conn)
             return record_one_by_one(conn, group)
         cur = conn.cursor()
-        with self._net.begun(conn):  # BEGIN, the transaction id and this: one round trip
-            cur.execute(*insert)
-        return split_won(group, cur.fetchall())
+        # The pipeline stays open to the COMMIT unless a function of the user's runs on
+        # this connection in between (it needs each answer and the transaction status).
+        keep = self.sql is None or self.sql.function is None
+        with self._net.begun(conn, keep=keep) as first:  # BEGIN and this: one round trip
+            cur.execute(*(with_xid(*insert) if first else insert))
+        rows = cur.fetchall()
+        if first:  # before anything else is queued: see Reconnector.transaction
+            self._net.note_xid(take_xid(rows))
+        return split_won(group, rows)
 
     def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
         # The presets' form: one statement for the group. A refused row raises, the
@@ -147,14 +163,19 @@ class PgCommit(GroupCommit):
             # user's runs on this connection: psycopg's pipeline mode defers errors and
             # the transaction status): it goes out with the COMMIT, one round trip.
             # Inside a savepoint (the careful path) everything stays one by one.
-            self._net.tail(self._write)
+            self._net.tail(self._write)  # (the insert's pipeline, when still open)
+        else:
+            self._net.sync()
         sql.bulk(tx, won)
 
     @contextlib.contextmanager
     def _effects_guarded(self, tx: Tx) -> Iterator[None]:
         # Armed for the functions' run (see schema.py: commit_guard): a COMMIT sent by
         # one of them now fails at the server, so no part of the group becomes durable.
-        # Not disarmed when one raised: the group's transaction fails with it.
+        # Not disarmed when one raised: the group's transaction fails with it. The
+        # functions run one statement at a time (no pipeline: `_call_effect` reads the
+        # transaction's status).
+        self._net.sync()
         self._write.execute(_ARM)
         yield
         self._write.execute(_DISARM)

@@ -15,11 +15,13 @@ Round trips are the cost, so claims made in one event-loop tick go out as ONE qu
 (`unnest` of an array of ids), and so do releases; a release waits for the next claim
 batch to ride with (RELEASE_WAIT_S at most) instead of costing a round trip of its
 own. With `lookup` (what `PgLedger.inflight_guard` builds) the same round trip also
-does the loop's duplicate check: a second statement, pipelined after the claim, reads
-the ledger's refs of the batch's ids, and a claim answers `Checked(ref)` (see
-`LOOKUP_SQL` for why that read cannot miss a twin's commit). A claim that finds the
-lock held (`pg_try_advisory_lock` is false: never a blocking `pg_advisory_lock`,
-which would hold the shared connection) asks again after 5 ms, doubling to 200 ms.
+does the loop's duplicate check: after the claim, a second statement reads the
+ledger's refs of the batch's ids, and a claim answers `Checked(ref)` (see
+`LOOKUP_SQL` for why that read cannot miss a twin's commit). The three statements
+are one call of a function the session makes for itself (`guard_session.CLAIM_FN`),
+or one pipeline where it cannot make one. A claim that finds the lock held
+(`pg_try_advisory_lock` is false: never a blocking `pg_advisory_lock`, which would
+hold the shared connection) asks again after 5 ms, doubling to 200 ms.
 
 A lost guard connection (a restart, a terminated session, a failover): claims are
 granted WITHOUT a lock until it reconnects (backoff 0.2 s doubling to 5 s), with one
@@ -42,7 +44,12 @@ import psycopg
 
 from onceq._core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq._core.redact import redact_url
-from onceq._ledger.pg.guard_session import guard_conninfo, sendable
+from onceq._ledger.pg.guard_session import (
+    CLAIM_FN_CALL,
+    guard_conninfo,
+    make_claim_fn,
+    sendable,
+)
 from onceq.errors import LedgerError, redact_text
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
@@ -123,6 +130,7 @@ class PgGuard:
         self.waits = 0  # claims that found their id held at least once
         self.unguarded = 0  # claims granted without a lock (the connection was away)
         self.batches = 0  # claim queries sent
+        self._fn = False  # CLAIM_FN exists on the current session
         self._short_warned = -SHORT_WARN_EVERY_S
 
     # --- InflightGuard ----------------------------------------------------------------
@@ -288,6 +296,16 @@ class PgGuard:
             return None, None
         self.batches += 1
         ids = [m for m, _ in claims]
+        if self._fn:
+            cur = await conn.execute(CLAIM_FN_CALL, (self.flow, releases, ids))
+            refused: set[str] = set()
+            found: dict[str, str] = {}
+            for id_, ref in await cur.fetchall():
+                if ref is None:
+                    refused.add(id_)
+                else:
+                    found[id_] = ref
+            return refused, found
         look = None
         async with conn.pipeline():
             if releases:
@@ -315,6 +333,7 @@ class PgGuard:
                 # LOOKUP_SQL's correctness needs a snapshot per statement: whatever the
                 # server's default_transaction_isolation, this session reads committed.
                 await conn.execute("SET default_transaction_isolation = 'read committed'")
+                self._fn = self.lookup and await make_claim_fn(conn)
             except BaseException:
                 await conn.close()
                 raise

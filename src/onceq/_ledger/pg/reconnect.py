@@ -162,25 +162,33 @@ class Reconnector:
     def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
         """A group's transaction: COMMITted when the block ends, rolled back when it raises.
 
-        Two round trips for a group in the common case, where psycopg's plain calls
-        took four (BEGIN with the id, the dedup insert, the SQL effect's insert,
-        COMMIT), each of which is time the group holds its rows' locks and a wake-up
-        of the server on a shared machine:
+        Two round trips and four statements for a group in the common case, where
+        psycopg's plain calls took four round trips (BEGIN with the id, the dedup
+        insert, the SQL effect's insert, COMMIT), each of which is time the group holds
+        its rows' locks, CPU of the loop's process (the GIL) and a wake-up of the server
+        on a shared machine:
 
-        - the BEGIN is not sent here but with the group's first statement (`begun`):
-          BEGIN, the transaction id (`pg_current_xact_id()`) and the dedup insert go
-          out as one pipeline, one Sync, one round trip;
-        - the statements that need no answer before the COMMIT (the presets' bulk
-          insert) go out with it (`tail`): queued in a pipeline the COMMIT closes.
+        - the BEGIN is not sent here but with the group's first statement (`begun`),
+          the dedup insert, which returns the transaction id too
+          (`pg_current_xact_id()`, `onceq._ledger.pg.rows`): one pipeline, its answers
+          asked for with a Flush, one round trip;
+        - that pipeline stays open: the statements that need no answer before the
+          COMMIT (the presets' bulk insert, the duplicates' rows) are queued and go
+          out with the COMMIT and the pipeline's one Sync (`tail`). What needs the
+          transaction's state at hand first (a savepoint, the SQL effect's functions)
+          ends the pipeline before it (`sync`: one round trip more, as before).
 
         The COMMIT is never sent before the transaction id is back: a COMMIT whose
         answer is lost is looked up by that id (`run_commit`), so the id must be in
         hand before the COMMIT can be in doubt. (One round trip for the whole group
         would send them together; a connection lost then could leave a COMMIT applied
-        and no id to ask about.) A statement that fails in a pipeline makes the server
-        skip the rest up to the Sync, the COMMIT with them: the error is raised at the
-        Sync and the transaction rolled back, as when each statement was sent alone.
-        Nested conn.transaction() blocks inside are savepoints once `begin` has run.
+        and no id to ask about.) The BEGIN is explicit, never the pipeline's implicit
+        transaction: a Sync that psycopg sends on its own (a nested pipeline) then ends
+        no transaction. A statement that fails in a pipeline makes the server skip the
+        rest up to the Sync, the COMMIT with them: the error is raised when its answer
+        is read (at the Flush or the Sync) and the transaction rolled back, as when
+        each statement was sent alone. Nested conn.transaction() blocks inside are
+        savepoints once `begin` has run.
         """
         self.xid = None
         self.pid = conn.info.backend_pid
@@ -208,24 +216,42 @@ class Reconnector:
             raise
 
     @contextlib.contextmanager
-    def begun(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """The statements sent in the block go out with the transaction's BEGIN (when it
-        is not sent yet): one pipeline, one round trip; their results are read when the
-        block ends, and their errors raised there."""
+    def begun(self, conn: psycopg.Connection[Any], *, keep: bool) -> Iterator[bool]:
+        """The statement sent in the block goes out with the transaction's BEGIN (when
+        it is not sent yet): one pipeline, one round trip. True when it did: the
+        statement must then return the transaction's id, which the caller reads and
+        gives to `note_xid` before anything else. With `keep` the pipeline stays open
+        to the COMMIT (`tail`; the answers are asked for with a Flush), else it ends
+        with the block (a Sync)."""
         if self._begun:
-            yield
+            yield False
             return
-        with pipeline(conn):
-            xid = self._send_begin(conn)
-            yield
-        self._note_xid(xid)
+        stack = contextlib.ExitStack()
+        stack.enter_context(pipeline(conn))
+        self._begun = True
+        if keep:
+            self._tail = stack
+            conn.execute("BEGIN")
+            yield True
+            return
+        with stack:
+            conn.execute("BEGIN")
+            yield True
 
     def begin(self, conn: psycopg.Connection[Any]) -> None:
         """Send the transaction's BEGIN now (one round trip) unless it went already."""
         if not self._begun:
             with pipeline(conn):
-                xid = self._send_begin(conn)
-            self._note_xid(xid)
+                self._begun = True
+                conn.execute("BEGIN")
+                cur = conn.execute("SELECT pg_current_xact_id()::text")
+            row = cur.fetchone()
+            self.note_xid(row[0] if row else None)
+
+    def note_xid(self, xid: str | None) -> None:
+        """The transaction's id, back from the server: from now on a lost COMMIT is
+        looked up by it."""
+        self.xid = xid
 
     def tail(self, conn: psycopg.Connection[Any]) -> None:
         """From here to the COMMIT, statements are queued and go out with it (one round
@@ -235,14 +261,13 @@ class Reconnector:
             stack.enter_context(pipeline(conn))
             self._tail = stack
 
-    def _send_begin(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-        self._begun = True
-        conn.execute("BEGIN")
-        return conn.execute("SELECT pg_current_xact_id()::text")
-
-    def _note_xid(self, cur: psycopg.Cursor[Any]) -> None:
-        row = cur.fetchone()
-        self.xid = row[0] if row else None
+    def sync(self) -> None:
+        """End the open pipeline, if any (its Sync: one round trip; a failed statement
+        in it raises here): what follows runs one statement at a time, with the
+        transaction's state at hand (psycopg's savepoints need it)."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            tail.close()
 
     def run_commit(
         self, ledger: PgCommit, attempt: Callable[[psycopg.Connection[Any]], None]

@@ -38,6 +38,15 @@ _INSERT_GROUP = (
     " ON CONFLICT (flow, msg_id) DO NOTHING RETURNING msg_id, ref"
 )
 
+# The group's first statement also returns its transaction's id (a row whose msg_id is
+# NULL, which no messages row has): a statement fewer than a SELECT of its own, in the
+# round trip that must bring the id back before the COMMIT may go
+# (`onceq._ledger.pg.reconnect.Reconnector.transaction`).
+_WITH_XID = (
+    "WITH won AS ({}) SELECT msg_id, ref FROM won UNION ALL SELECT NULL, pg_current_xact_id()::text"
+)
+_INSERT_GROUP_XID = _WITH_XID.format(_INSERT_GROUP)
+
 _INSERT_ONE = (
     "INSERT INTO messages (flow, msg_id, grp, seq, kept, partner_duplicate, processed_at,"
     " source, ref) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
@@ -130,6 +139,20 @@ def group_insert(group: list[Entry]) -> tuple[str, tuple[Any, ...]] | None:
         d.append(row[5])
         r.append(row[8])
     return _INSERT_GROUP, (r0[6], r0[0], r0[7], m, g, s, k, d, r)
+
+
+def with_xid(sql: str, args: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """`group_insert`'s statement as the transaction's first: it returns the id too."""
+    assert sql is _INSERT_GROUP
+    return _INSERT_GROUP_XID, args
+
+
+def take_xid(rows: list[Any]) -> str | None:
+    """The transaction id among the rows of `with_xid`'s statement (taken out)."""
+    for i, row in enumerate(rows):
+        if row[0] is None:
+            return str(rows.pop(i)[1])
+    return None
 
 
 def split_won(group: list[Entry], rows: list[Any]) -> tuple[list[Entry], list[Entry]]:
