@@ -328,6 +328,13 @@ class Span:
     rows: int
     counted: int
     seconds: float
+    # Distinct commit stamps: the ledger's commits (one stamp per commit), so rows /
+    # commits is the mean group (messages per commit) — how well commits were shared.
+    commits: int = 0
+
+    @property
+    def group(self) -> float:
+        return self.rows / self.commits if self.commits else float("nan")
 
     @property
     def rate(self) -> float:
@@ -352,7 +359,9 @@ def ledger_span(db: Path | str, column: str = "processed_at") -> Span:
     stamps.sort()
     first, last = stamps[0], stamps[-1]
     at_first = sum(1 for s in stamps if s == first)
-    return Span(len(stamps), len(stamps) - at_first, (last - first).total_seconds())
+    return Span(
+        len(stamps), len(stamps) - at_first, (last - first).total_seconds(), len(set(stamps))
+    )
 
 
 @dataclass

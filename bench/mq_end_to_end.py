@@ -177,6 +177,7 @@ def main() -> int:
             f"{span.counted}/{span.seconds:.2f}s",
             f"{cpu / n * 1000:.3f}",
             "-" if steady != steady else f"{steady * 1000:.3f}",  # NaN: not measured
+            f"{span.group:.1f}",
         )
 
     print()
@@ -187,13 +188,12 @@ def main() -> int:
     ]
     if other:
         rows.append(row(f"  the same, {other.label}", "other"))
-    mc.table(
-        ("consumer", "msg/s", "vs base", "of ceil", "counted/span", "CPU ms/msg", "steady"),
-        rows,
-    )
+    header = ("consumer", "msg/s", "vs base", "of ceil", "counted/span", "CPU ms/msg")
+    mc.table((*header, "steady", "/commit"), rows)
     print(f"(onceq wall from process start, start-up included: {walls['ours']:.0f} msg/s;")
     print(" CPU ms/msg: the consumer's own process, start-up included for onceq;")
     print(" steady: CPU ms/msg from its first commit to its last;")
+    print(" /commit: messages per ledger commit (rows / distinct commit stamps);")
     print(f" best of {args.rounds} round(s) each)")
     ours = best["ours"][0]
     if other:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,16 @@ def test_the_steps_run_in_the_documented_order(tmp_path: Path) -> None:
             log.append(("check", msg_id))
             return real(msg_id)
 
+        real_many = led.processed_refs
+
+        def processed_refs(msg_ids: Iterable[str]) -> dict[str, str]:
+            # The loop reads one tick's ids at once (Ledger.aprocessed_ref): each one's check.
+            msg_ids = list(msg_ids)
+            log.extend(("check", m) for m in msg_ids)
+            return real_many(msg_ids)
+
         led.processed_ref = processed_ref  # type: ignore[method-assign]
+        led.processed_refs = processed_refs  # type: ignore[method-assign]
         c = Consumer(t, led, decode, Partner(0.01, log), inflight=lambda _: guard)
         stats = asyncio.run(c.run())
     assert guard.closed and stats.processed == 5 and stats.duplicates == 1
@@ -180,6 +189,38 @@ def test_a_stop_cuts_a_wait_for_a_twin_elsewhere_short(tmp_path: Path) -> None:
     assert took < 0.5
     assert partner.calls == Counter() and stats.processed == 0
     assert t.acked == [] and t.released == []  # unsettled: the broker returns it
+
+
+def test_a_stop_while_the_check_is_answered_starts_no_call(tmp_path: Path) -> None:
+    """Both ledgers answer a tick's checks a moment later: a stop in that moment must
+    still start no call, and leave the copy unsettled (the broker returns it)."""
+    partner = Partner(0.0)
+    t = MemoryTransport()
+    fill(t, 1)
+
+    with open_ledger(tmp_path / "l.db", "amqp") as led:
+        asked = asyncio.Event()
+        answer = asyncio.Event()
+        real = led.aprocessed_ref
+
+        async def aprocessed_ref(msg_id: str) -> str | None:
+            asked.set()
+            await answer.wait()  # the tick's read, still to come
+            return await real(msg_id)
+
+        led.aprocessed_ref = aprocessed_ref  # type: ignore[method-assign]
+
+        async def main() -> Any:
+            c = Consumer(t, led, decode, partner)
+            run = asyncio.create_task(c.run())
+            await asyncio.wait_for(asked.wait(), 5)
+            c.stop()
+            answer.set()
+            return await asyncio.wait_for(run, 5)
+
+        stats = asyncio.run(main())
+    assert partner.calls == Counter() and stats.processed == 0
+    assert t.acked == [] and t.released == []
 
 
 class AwayLedger:

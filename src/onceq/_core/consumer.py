@@ -267,14 +267,13 @@ class Consumer:
     async def _give_back(self, msg_id: str | None, leased: bool, turn: bool) -> None:
         """What a copy held, once it is settled (or given up): the lease first, then the
         turn (a twin of this process that takes the turn must find the lease free), then
-        its slot."""
-        if leased:
-            assert msg_id is not None  # a lease is taken only for an id
-            if not self.leases.release_now(msg_id):
+        its slot. The committer does the same inline for each settled copy."""
+        if leased or turn:
+            assert msg_id is not None  # a lease and a turn are taken only for an id
+            if leased and not self.leases.release_now(msg_id):
                 await self.leases.release(msg_id)
-        if turn:
-            assert msg_id is not None  # so is a turn
-            self._turns.give_back(msg_id)
+            if turn:
+                self._turns.give_back(msg_id)
         self._slots.release()
 
     async def _effect(
@@ -285,12 +284,10 @@ class Consumer:
         assert d.msg_id is not None
         if self.guard is not None and self.guard.stopped:
             return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
-        # aprocessed_ref: a PostgreSQL ledger answers one tick's ids in one round trip,
-        # off the loop; SQLite answers on the loop (an in-process read).
+        # Both ledgers answer one tick's checks together (PostgreSQL: one round trip).
         while checked is None:
             try:
-                ref = await self.ledger.aprocessed_ref(d.msg_id)
-                checked = Checked(ref)
+                checked = Checked(await self.ledger.aprocessed_ref(d.msg_id))
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the
                 # transport paused until the ledger answers (onceq._core.holds).
@@ -303,6 +300,8 @@ class Consumer:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(Kind.DUPLICATE, fields=decoded.fields)
+        if self._stopped:  # while the check was answered: no new call after a stop
+            return None
         breaker = self.breaker
         if breaker is not None and not breaker.closed and not await self.holds.allowed(d.msg_id):
             return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
@@ -388,13 +387,17 @@ class Consumer:
             faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.
             await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
+            # As `_give_back`, inline (a coroutine per copy cost more than the release); a
+            # hard stop cutting this short leaves the leases to `leases.aclose()`.
+            stats, leases, turns, slots = self.stats, self.leases, self._turns, self._slots
             for e, held in jobs:
-                self.stats.add(e)
-                if held is _SLOT:
-                    self._slots.release()  # no lease and no turn: nothing to await
-                else:
-                    # The built-in guards' releases never wait; a hard stop cutting this
-                    # short leaves the leases to `leases.aclose()` at the run's end.
-                    await self._give_back(e.delivery.msg_id, held is _LEASE, True)
+                stats.add(e)
+                if held is not _SLOT:
+                    msg_id = e.delivery.msg_id
+                    assert msg_id is not None  # a turn (and a lease) is taken only for an id
+                    if held is _LEASE and not leases.release_now(msg_id):
+                        await leases.release(msg_id)
+                    turns.give_back(msg_id)
+                slots.release()
             if self.hooks.settled:  # one check per group
                 self.hooks.emit_settled(group)
