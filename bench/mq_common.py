@@ -307,16 +307,17 @@ def probe(base: str, n: int, concurrency: int, client: str = "aiohttp") -> Probe
 # --- consumers and their evidence ------------------------------------------------------
 
 
-def ledger_count(db: Path | str) -> int:
-    """Rows in the presets' `processed` table: an SQLite file or a PostgreSQL URL."""
+def ledger_count(db: Path | str, table: str = "processed") -> int:
+    """Rows in the presets' `processed` table (or onceq's `messages`, an own flow's only
+    record): an SQLite file or a PostgreSQL URL."""
     if pg_common.is_pg(db):
-        return pg_common.ledger_count(str(db))
+        return pg_common.ledger_count(str(db), table)
     db = Path(db)
     if not db.exists():
         return 0
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
-            return int(c.execute("SELECT count(*) FROM processed").fetchone()[0])
+            return int(c.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
     except sqlite3.OperationalError:  # the schema is not there yet
         return 0
 
@@ -341,7 +342,7 @@ class Span:
         return self.counted / self.seconds if self.seconds > 0 else float("nan")
 
 
-def ledger_span(db: Path | str, column: str = "processed_at") -> Span:
+def ledger_span(db: Path | str, column: str = "processed_at", table: str = "processed") -> Span:
     """Steady throughput from the ledger's commit timestamps, start-up excluded.
 
     The clock starts at the first commit (so connecting, the first delivery and
@@ -350,11 +351,11 @@ def ledger_span(db: Path | str, column: str = "processed_at") -> Span:
     the clock started. `db`: an SQLite file or a PostgreSQL URL (bench/pg_common.py).
     """
     if pg_common.is_pg(db):
-        stamps = pg_common.stamps(str(db), column)
+        stamps = pg_common.stamps(str(db), column, table)
     else:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
             stamps = [
-                datetime.fromisoformat(r[0]) for r in c.execute(f"SELECT {column} FROM processed")
+                datetime.fromisoformat(r[0]) for r in c.execute(f"SELECT {column} FROM {table}")
             ]
     stamps.sort()
     first, last = stamps[0], stamps[-1]
@@ -386,8 +387,14 @@ def run_consumer(
     log: Path | None = None,
     before_stop: Callable[[], None] | None = None,
     extra: tuple[str, ...] = (),
+    own: bool = False,
 ) -> ConsumerRun:
     """`onceq mq consume --json` until the ledger holds n rows, then SIGTERM (a clean stop).
+
+    `own`: a user's own flow over the same queue instead of the claims preset —
+    `onceq run FILE` with `OWN_FLOW` (POST to the same URL, the id from the message_id
+    property), whose only record is the ledger's `messages` row: the preset also writes
+    the exercise's `processed` table, a second record of every claim.
 
     --max-seconds is only a safety net: a consumer that stalls ends the bench. With a
     checkout (bench/compare.py), that checkout's interpreter and code run it. `db` is
@@ -400,6 +407,13 @@ def run_consumer(
     cmd = [python, "-m", "onceq", "mq", "consume", "--claim", claim,
            "--prefetch", str(prefetch), "--db", str(db), "--json",
            "--max-seconds", str(limit), *extra]  # fmt: skip
+    table = "processed"
+    if own:
+        flow = Path(db).with_suffix(".toml")
+        flow.write_text(OWN_FLOW.format(db=db, prefetch=prefetch, url=f"{claim}/v1/claims"))
+        cmd = [python, "-m", "onceq", "run", str(flow), "--json",
+               "--max-seconds", str(limit), *extra]  # fmt: skip
+        table = "messages"
     if log is None:
         log = Path(db).with_suffix(".stderr")
     t0 = time.perf_counter()
@@ -410,7 +424,7 @@ def run_consumer(
         # PostgreSQL is polled less often: its count runs on the server under test.
         every = 0.05 if pg_common.is_pg(db) else 0.02
         first: tuple[int, float] | None = None  # (rows, CPU) when a commit is first seen
-        while (rows := ledger_count(db)) < n and proc.poll() is None:
+        while (rows := ledger_count(db, table)) < n and proc.poll() is None:
             if first is None and rows > 0:
                 first = (rows, process_cpu(proc.pid))
             time.sleep(every)
@@ -423,10 +437,31 @@ def run_consumer(
             before_stop()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
-    if proc.returncode != 0 or ledger_count(db) < n:
+    if proc.returncode != 0 or ledger_count(db, table) < n:
         err = log.read_text()[-2000:]
-        sys.exit(f"bench: consumer exited {proc.returncode} with {ledger_count(db)}/{n}: {err}")
-    return ConsumerRun(json.loads(out), ledger_span(db), wall, cpu, steady)
+        got = ledger_count(db, table)
+        sys.exit(f"bench: consumer exited {proc.returncode} with {got}/{n}: {err}")
+    return ConsumerRun(json.loads(out), ledger_span(db, table=table), wall, cpu, steady)
+
+
+# A user's own flow over the claims' queue and topology (`onceq mq topology` declared
+# them with the preset's names, so the flow names them too), POSTing to the same URL.
+OWN_FLOW = """
+ledger = "{db}"
+
+[flows.claims]
+source = "rabbitmq"
+queue = "claim.in"
+exchange = "eai.claim"
+routing_key = "claim"
+dead_letter_exchange = "eai.dlx"
+dead_letter_queue = "claim.dead"
+prefetch = {prefetch}
+id_field = "guid"
+
+[flows.claims.http]
+url = "{url}"
+"""
 
 
 def bare_consumer(
