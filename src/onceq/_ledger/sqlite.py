@@ -194,7 +194,7 @@ class Ledger(SqliteCommit, LedgerOps):
         asked, self._asked = self._asked or [], None
         try:
             found = (
-                self.processed_refs([m for m, _ in asked])
+                self.processed_refs(list(dict.fromkeys(m for m, _ in asked)))
                 if len(asked) > 1
                 else {m: r for m in (asked[0][0],) if (r := self.processed_ref(m)) is not None}
             )
