@@ -84,6 +84,7 @@ def test_delay_links_into_retry_with_its_due_time_and_waits_for_it(tmp_path: Pat
             d.delay = 0.8
             before = time.time()
             await w.settle([(d, Settle.DELAY, "http-503")])
+            await w.moved()  # settle hands the moves to the mover thread
             st = os.stat(q / "retry" / "m-1.json")
             assert before + 0.8 <= st.st_mtime <= time.time() + 0.8
             again = await _next(it, 10)  # the iteration waited for it, did not end

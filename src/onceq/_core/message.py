@@ -58,20 +58,30 @@ from typing import Any
 
 from onceq._core.fields import ABSENT as _ABSENT
 from onceq._core.fields import RULES as _RULES
+from onceq._core.fields import (
+    Check,
+    FlatPlan,
+    Kept,
+    flat_kept,
+    flat_plan,
+    get_path,
+    kept_values,
+    type_problem,
+)
 from onceq._core.fields import FieldPath as Path
-from onceq._core.fields import Rule, get_path
-from onceq._core.fields import is_number as _is_number
 from onceq._core.fields import split_path as _split
-from onceq._core.fields import unstorable_kept as _unstorable
 from onceq._core.outcome import Outcome
 from onceq._core.transport import Delivery, Kind
-from onceq._core.values import CONTROL_CHARS, INT64_MAX, INT64_MIN, fits_int64, is_utf8
+from onceq._core.values import CONTROL_CHARS, is_utf8
 from onceq.errors import UsageError, redact_text
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 DETAIL_MAX = 200  # failure rows stay short: a parser's message is evidence, a page is not
 TYPES = ("key", "integer", "number", "string", "lenient-number")
 _BOM = codecs.BOM_UTF8
+# The scanner json.loads itself ends in, called directly by the fast path (decode).
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by __init__
+_JSON_SPACE = " \t\n\r"  # what json.loads allows after the document
 
 
 def _utf8_sig(body: bytes) -> str:
@@ -107,10 +117,11 @@ class MessageSpec:
     # The plan decode follows, set by __post_init__ (not arguments, not compared).
     _id: Path | None = field(init=False, repr=False, compare=False)
     _required: list[tuple[str, Path]] = field(init=False, repr=False, compare=False)
-    _checks: list[tuple[str, Path, Rule, bool]] = field(init=False, repr=False, compare=False)
-    _keep: list[tuple[str, Path, bool]] = field(init=False, repr=False, compare=False)
+    _checks: list[Check] = field(init=False, repr=False, compare=False)
+    _keep: list[Kept] = field(init=False, repr=False, compare=False)
     _group: Path | None = field(init=False, repr=False, compare=False)
     _seq: Path | None = field(init=False, repr=False, compare=False)
+    _flat: FlatPlan | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Everything the hot path needs is worked out once here: decode runs per message.
@@ -152,6 +163,10 @@ class MessageSpec:
         object.__setattr__(self, "_keep", keep)
         object.__setattr__(self, "_group", group)
         object.__setattr__(self, "_seq", seq)
+        flat = flat_plan(required, checks, keep)
+        if any(p is not None and p.__class__ is not str for p in (idp, group, seq)):
+            flat = None  # a dotted id, group or seq: the full path only
+        object.__setattr__(self, "_flat", flat)
 
     def __hash__(self) -> int:
         # By value, as the generated one would, with `types` (a dict) as sorted items.
@@ -207,6 +222,71 @@ class MessageSpec:
 
     def decode(self, delivery: Delivery) -> Outcome:
         """Decode one delivery into the fields to record, setting `delivery.msg_id`."""
+        if self._flat is not None:
+            accepted = self._accept(delivery)
+            if accepted is not None:
+                return accepted
+        return self._decode_all(delivery)
+
+    def _accept(self, delivery: Delivery) -> Outcome | None:
+        """The fast path: `_decode_all`'s SUCCESS for a message that surely passes every
+        check, or None (anything else, refusals included: `_decode_all` words them).
+        An object's bytes (no BOM, no white space before it) go straight to json's own
+        scanner, which json.loads calls after two Python frames and two regex matches;
+        the field checks are `flat_kept`'s (onceq._core.fields)."""
+        body, headers, limit = delivery.body, delivery.headers, self.max_bytes
+        if headers.get("kind", "file") != "file" or headers.get("size", 0) > limit:
+            return None  # (in the full path's order: a size that is no number raises alike)
+        if body[:1] != b"{" or len(body) > limit:
+            return None
+        try:
+            text = body.decode()
+            doc, end = _scan_once(text, 0)
+        except Exception:  # not UTF-8, not JSON, too deep…: the full path says which
+            return None
+        if end != len(text) and text[end:].strip(_JSON_SPACE):
+            return None  # extra data after the object
+        assert self._flat is not None  # only called with a flat plan
+        kept = flat_kept(doc, self._flat)
+        if kept is None:
+            return None
+        get = doc.get
+        group = None
+        if self._group is not None:
+            value = get(self._group)
+            if value is not None:
+                group = str(value)
+                if not group.isascii() and not is_utf8(group):
+                    return None
+        if self.id_property:
+            prop = headers.get("message_id")
+            if prop.__class__ is str and prop and not prop.isspace():
+                msg_id = prop
+            elif prop is not None and prop.__class__ is not str:
+                return None  # not a plain text: the full path judges it
+            else:  # none, or blank: the body's id
+                value = None if self._id is None else get(self._id)
+                if value.__class__ is int:
+                    msg_id = str(value)
+                elif value.__class__ is str and value and not value.isspace():
+                    msg_id = value
+                else:
+                    return None
+            if not (msg_id.isascii() and msg_id.isprintable()):
+                return None  # maybe a lone surrogate or a control character
+        else:
+            value = get(self._id, _ABSENT)
+            if value is _ABSENT:
+                return None
+            if value.__class__ is str and not value.isascii() and not is_utf8(value):
+                return None
+            msg_id = str(value)
+        delivery.msg_id = msg_id
+        seq = None if self._seq is None else get(self._seq)
+        return Outcome(Kind.SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
+
+    def _decode_all(self, delivery: Delivery) -> Outcome:
+        """Every check in its order, each refusal in its words (`decode`'s full path)."""
         headers = delivery.headers
         kind = headers.get("kind", "file")
         if kind == "unreadable":
@@ -236,7 +316,7 @@ class MessageSpec:
                     in (None, _ABSENT)
                 ]
                 return _reject("missing-field", ",".join(missing))
-        problem = self._check_types(doc)
+        problem = type_problem(doc, self._checks)
         if problem:
             return _reject("bad-type", problem)
         group = None
@@ -251,9 +331,9 @@ class MessageSpec:
         problem = self._check_text(doc, group)
         if problem:
             return _reject("encoding", problem)
-        kept, rejected = self._kept(doc)
-        if rejected:
-            return rejected
+        kept, refused = kept_values(doc, self._keep)
+        if refused:
+            return _reject(*refused)
         if msg_id is None:
             assert self._id is not None  # not id_property, so id_field was required
             value = (
@@ -301,28 +381,6 @@ class MessageSpec:
             return _reject("bad-id", "the id holds a control character")
         return msg_id
 
-    def _check_types(self, doc: dict[str, Any]) -> str | None:
-        """The first type problem, as a detail string, or None (types, then ranges)."""
-        out_of_range = None
-        for name, path, bad, ranged in self._checks:
-            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
-            if value is _ABSENT:
-                continue
-            problem = bad(name, value)
-            if problem:
-                return problem
-            # Valid JSON, but more than SQLite's INTEGER holds: found here, it is this
-            # message's verdict; found at the commit, an OverflowError for the whole
-            # group. Reported after every type check, in the order of the checks.
-            if (
-                ranged
-                and out_of_range is None
-                and value.__class__ is int
-                and not INT64_MIN <= value <= INT64_MAX
-            ):
-                out_of_range = f"{name} is outside the 64-bit integer range"
-        return out_of_range
-
     def _check_text(self, doc: dict[str, Any], group: str | None) -> str | None:
         """The id or group that is not storable UTF-8 (a lone surrogate), or None.
 
@@ -341,26 +399,6 @@ class MessageSpec:
         if group is not None and not is_utf8(group):
             return f"{self.group_field} {why}"
         return None
-
-    def _kept(self, doc: dict[str, Any]) -> tuple[dict[str, Any], Outcome | None]:
-        """The kept values by path (absent ones left out), or the rejection of one."""
-        kept: dict[str, Any] = {}
-        for name, path, lenient in self._keep:
-            value = doc.get(path, _ABSENT) if path.__class__ is str else get_path(doc, path)
-            if value is _ABSENT:
-                continue
-            if lenient:
-                # Recorded for reports only (the claims preset's amount): a message
-                # without a usable one is still a message.
-                if _is_number(value) and (not isinstance(value, int) or fits_int64(value)):
-                    kept[name] = value
-                continue
-            why = _unstorable(value)
-            if why:
-                reason = "encoding" if "surrogate" in why else "bad-type"
-                return kept, _reject(reason, f"{name} {why}")
-            kept[name] = value
-        return kept, None
 
 
 def decode(delivery: Delivery, spec: MessageSpec) -> Outcome:

@@ -3,15 +3,19 @@
 rename(2) silently replaces its target, so nothing here moves a message with it
 except into a folder that only its owner writes. Moves between shared folders go
 by link + unlink: EEXIST refuses to replace a file, and a crash between the two
-leaves the same inode in both places, which the next attempt recognises.
+leaves the same inode in both places, which the next attempt recognises. A
+consumer's moves after a commit run in a thread of their own (`Mover`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from onceq.errors import UsageError
 
@@ -134,3 +138,71 @@ def _same_file(a: str, b: str, a_fd: int | None = None, b_fd: int | None = None)
 
 def open_dir(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+# --- the moves after a commit ------------------------------------------------------
+#
+# A consumer's moves after the commit, run behind the committer (`Mover`).
+#
+# The consume loop's committer commits a group, then settles it, then commits the next
+# one: with the moves (link every file, fsync the folders, unlink) awaited inside the
+# settle, the commit of group N+1 waited for the moves of group N, and both wait on the
+# disk. `Worker.settle` hands a group's moves to a `Mover` instead and returns; the
+# committer goes on to the next commit while they run.
+#
+# Why this keeps every guarantee:
+#
+# - a group reaches the mover only through `settle`, which the loop calls after THAT
+#   group's commit is durable: no file leaves processing/ before its own record is
+#   durable, whatever runs beside it;
+# - one thread, one group at a time, in the order committed, and `Worker.settle` waits
+#   for the previous group's moves first: at most one group is moving while the next commits;
+# - until its moves are done a file keeps its name in the worker's `_held` (the
+#   consumer may claim no file of that name) and stays in processing/: a crash then
+#   leaves a claim whose record is durable — the state recovery already exists for
+#   (the next consumer finds the row and only finishes the move), or a file linked and
+#   not yet unlinked (likewise);
+# - a failed move is raised by the next settle, by `Worker.moved` (a run's end) or, when
+#   nothing else will ask, by `Worker.deliveries` or `Worker.close`: the run stops with
+#   it, as before, its claims left for the next run.
+
+
+class Mover:
+    """Runs `move(group)` in a thread of its own, one group at a time, in order.
+
+    Only threads here (`dirq lag` and `dirq status` import this module, and stay light:
+    no event loop); `Worker.settle` and `Worker.moved` await it.
+    """
+
+    def __init__(self, move: Callable[[Any], float]) -> None:
+        self._move = move
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "onceq-dirq-moves")
+        self.last: concurrent.futures.Future[float] | None = None  # the latest group's
+        self._raised = False  # a failure is raised once, by whoever asks first
+
+    def submit(self, group: Any, done: Callable[[float | None], None]) -> None:
+        """Move `group` after the groups before it; `done(earliest due, or None when
+        the moves failed)` is called in the mover's thread."""
+        self.last = self._pool.submit(self._move, group)
+        self.last.add_done_callback(
+            lambda f: done(None if f.cancelled() or f.exception() else f.result())
+        )
+
+    def raise_failure(self) -> None:
+        """Raise the error of the last moves, once they have ended with one."""
+        failure = self._failure()
+        if failure is not None:
+            self._raised = True
+            raise failure
+
+    def _failure(self) -> BaseException | None:
+        last = self.last
+        if last is None or not last.done() or last.cancelled():
+            return None
+        return last.exception()
+
+    def close(self) -> BaseException | None:
+        """Wait for the moves under way (the folders they use are closed next); their
+        error, if they failed and nobody has raised it yet."""
+        self._pool.shutdown(wait=True)
+        return None if self._raised else self._failure()

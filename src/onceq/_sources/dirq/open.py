@@ -74,6 +74,15 @@ class DirFeed(Feed):
     def max_in_flight(self, calls: bool) -> int:
         return in_flight(self.flow.effect, calls)
 
+    async def drive(self, consumer: Any, stop: Any) -> Stats:
+        """The consumer's run, then the moves of its last group (`Worker.settle` hands
+        them to a thread and returns): the run ends with every settled file moved, and
+        a move that failed is its error."""
+        stats = await super().drive(consumer, stop)
+        assert isinstance(self.transport, Worker)
+        await self.transport.moved()
+        return stats
+
     async def check(self) -> None:
         self.queue = DirQueue(self.flow.source.path).check()
 

@@ -18,7 +18,9 @@ ledger recognises the ones that were already committed (onceq._sources.dirq.take
 Moves out of processing/ never overwrite (link + unlink, which EEXIST refuses).
 After the ledger commit, a group's files are all linked into done/, error/, retry/
 (a transient failure) or back into inbox/ (released untried: the breaker is open),
-those folders are fsynced once, and only then are the claims unlinked.
+those folders are fsynced once, and only then are the claims unlinked. A group's
+moves run in a thread of their own while the committer commits the next group
+(`Mover` in onceq._sources.dirq.files: why that keeps every guarantee).
 
 Claiming takes the due files of retry/ first (oldest due first), then the inbox in
 name order. `deliveries()` ends only when there is nothing left for this consumer:
@@ -44,7 +46,7 @@ from onceq._core import faults
 from onceq._core.message import DEFAULT_MAX_BYTES
 from onceq._core.transport import Delivery, Settle
 from onceq._sources.dirq import retry_area
-from onceq._sources.dirq.files import link_no_clobber, open_dir
+from onceq._sources.dirq.files import Mover, link_no_clobber, open_dir
 from onceq._sources.dirq.queue import FOLDERS, DirQueue
 from onceq._sources.dirq.read import read_claim
 from onceq._sources.dirq.takeover import LOCK, NURSERY, recover, sweep_nurseries
@@ -53,6 +55,7 @@ from onceq.errors import QueueError
 __all__ = ["LOCK", "POLL_SECONDS", "Worker"]
 
 POLL_SECONDS = 0.5  # a directory queue has no push: an idle inbox is looked at this often
+_NEVER = math.inf
 
 
 class Worker:
@@ -87,6 +90,7 @@ class Worker:
         self._probes = 0  # files we may claim while paused (the breaker's probe)
         self._next_due = math.inf  # the earliest future due time we know of in retry/
         self._changed: asyncio.Event | None = None  # a settle, stop, resume or probe
+        self._mover: Mover | None = None  # the moves after a commit (open() makes it)
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -114,6 +118,7 @@ class Worker:
         # relative to an open folder instead of a walk down the whole path.
         self._fds = {f: open_dir(self.queue.folder(f)) for f in ("inbox", "done", "error")}
         self._fds["own"] = open_dir(self.dir)
+        self._mover = Mover(self._move_group)
         self._recovered = recover(self.queue.root, self.processing, self.dir, self._claim)
         return self
 
@@ -129,10 +134,13 @@ class Worker:
             if not os.access(path, os.W_OK | os.X_OK):
                 raise QueueError(f"{path}: not writable here; a consumer moves files in it")
 
-    def close(self) -> None:
-        """Remove our folder if it is empty (processing/ ends empty), drop the lock."""
+    def close(self, raise_failure: bool = True) -> None:
+        """Wait for the moves under way, remove our folder if it is empty (processing/
+        ends empty), drop the lock; then raise a failed move nobody has raised yet."""
         if self._lock_fd is None:
             return
+        failure = self._mover.close() if self._mover is not None else None
+        self._mover = None
         leftover = [n for n in os.listdir(self.dir) if n != LOCK]
         if not leftover:
             os.unlink(self.dir / LOCK)
@@ -142,12 +150,14 @@ class Worker:
         self._fds = {}
         os.close(self._lock_fd)
         self._lock_fd = None
+        if failure is not None and raise_failure:
+            raise failure
 
     def __enter__(self) -> Worker:
         return self.open()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(raise_failure=exc_type is None)  # never over an error under way
 
     def _retry_fd(self, create: bool = False) -> int | None:
         """retry/'s descriptor; None while the queue has no retry/ (made on demand)."""
@@ -244,11 +254,12 @@ class Worker:
             names = [n for n in os.listdir(inbox) if n[0] != "." and not n.endswith(".tmp")]
             names.sort()  # is_message_name, inline: dotfiles and *.tmp are partial writes
             for name in names:
-                # A retry that fell due meanwhile goes before the rest of the inbox.
+                # A retry that fell due meanwhile goes before the rest of the inbox
+                # (no clock read while none is known: _next_due is then _NEVER).
                 if (
                     self._stopped
                     or (self._paused and self._probes <= 0)
-                    or time.time() >= self._next_due
+                    or (self._next_due < _NEVER and time.time() >= self._next_due)
                 ):
                     break
                 if not self._claim(name, name, inbox):
@@ -261,6 +272,8 @@ class Worker:
                 continue
             if self._held:
                 await self._wait(None)  # its settle may put a file back (retry/, inbox/)
+                if self._mover is not None:
+                    self._mover.raise_failure()  # a failed move: those never come back
             elif self.follow:
                 await self._wait(min(POLL_SECONDS, max(self._next_due - time.time(), 0)))
             elif not math.isinf(self._next_due):
@@ -273,14 +286,37 @@ class Worker:
         return read_claim(name, self._fds["own"], self.max_bytes, redelivered)
 
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
-        """Move each file to done/, error/, retry/ or inbox/ (its record is durable)."""
-        # The moves are system calls that release the GIL: in a thread they run on
-        # the second core while the loop claims and reads the next group.
-        try:
-            due = await asyncio.to_thread(self._move_group, group)
-        finally:
-            self._wake()  # deliveries() may be waiting for these files to settle
-        self._next_due = min(self._next_due, due)
+        """Hand the moves of each file to done/, error/, retry/ or inbox/ to the mover
+        (their records are durable) and return; `moved()` waits for them."""
+        # Behind the committer, in a thread of their own: the next commit runs while
+        # these files move (`files.Mover`: why no guarantee moves with them). The
+        # previous group's moves first: one group moving at a time, in order.
+        assert self._mover is not None, "open() first"
+        await self.moved()
+        loop = asyncio.get_running_loop()
+
+        def done(due: float | None) -> None:  # in the mover's thread; a loop already
+            with contextlib.suppress(RuntimeError):  # closed has nobody left to wake
+                loop.call_soon_threadsafe(self._moved, due)
+
+        self._mover.submit(group, done)
+
+    async def moved(self) -> None:
+        """Until every file settled so far is moved; raises a failed move's error."""
+        last = None if self._mover is None else self._mover.last
+        if last is None:
+            return
+        if not last.done():  # shielded: a cancelled waiter leaves them running
+            with contextlib.suppress(Exception):  # (raised below, from the future)
+                await asyncio.shield(asyncio.wrap_future(last))
+        assert self._mover is not None
+        self._mover.raise_failure()
+
+    def _moved(self, due: float | None) -> None:
+        """A group's moves ended (`due`: the earliest it put in retry/; None: failed)."""
+        if due is not None:
+            self._next_due = min(self._next_due, due)
+        self._wake()  # deliveries() may be waiting for these files to settle
 
     def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> float:
         """The moves of one group; returns the earliest due time it put in retry/."""
@@ -335,6 +371,11 @@ class Worker:
         # Our own folder is not fsynced: an unlink lost to a power cut leaves the
         # same inode in done/ and here, and the next consumer only drops this name
         # (or, for retry/ and inbox/, `takeover.finish_move` does).
+        # The due time is known before the names are forgotten: deliveries() that
+        # finds nothing held and no retry due would end the batch, with this file
+        # waiting in retry/ (`_moved` only comes later, through the loop).
+        if earliest < self._next_due:
+            self._next_due = earliest
         # Forgotten only once gone from our folder: until then a claim of the same
         # name must not rename over it.
         self._held.difference_update([d.ref for d, _, _ in group])
