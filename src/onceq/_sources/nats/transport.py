@@ -300,13 +300,19 @@ class NatsTransport(NatsSettling):
         self._changed.set()
 
     async def close(self) -> None:
-        """Let go: what was received and not handed out goes back; the rest is redelivered."""
+        """Let go: every copy still held is given back (NAK), then the connection closes."""
         self._closing = True
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        left = [d.token for d in self._buffer if d is not _END]
+        # Everything still held: copies never handed out, and copies handed out whose
+        # call never started (a stop) or was cut short (a second signal). Given back at
+        # once, as a closing RabbitMQ channel requeues its unacked deliveries, rather
+        # than after AckWait; one whose record did commit is acked by the ledger's
+        # duplicate check when it comes back.
+        left = [entry[0].token for entry in self._held.values()]
+        self._held.clear()
         self._buffer.clear()
         # Copies a pull brought after the last one was handed out (nats-py queues them
         # on the subscription): never handed out either.
