@@ -21,6 +21,11 @@ LAZY = {
         "consume",
         "Consume a durable pull consumer's messages into your flow; ack after the ledger.",
     ),
+    "dead": (
+        "onceq._cli.nats_dead",
+        "dead",
+        "A flow's dead letters: list them in place, replay them, purge them.",
+    ),
     "publish": (
         "onceq._cli.nats_publish",
         "publish",

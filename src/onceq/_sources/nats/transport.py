@@ -229,7 +229,12 @@ class NatsTransport(NatsSettling):
             ref=f"{self.stream}/{seq}",
             redelivered=redelivered,
             token=msg,
-            headers={"message_id": headers.get(MSG_ID), "stream_seq": seq},
+            # A replayed dead letter carries its id as Onceq-Msg-Id (its Nats-Msg-Id is
+            # its own, so the duplicate window keeps it): onceq._sources.nats.dead.
+            headers={
+                "message_id": headers.get("Onceq-Msg-Id") or headers.get(MSG_ID),
+                "stream_seq": seq,
+            },
         )
         self._held[id(delivery)] = [delivery, time.monotonic()]
         return delivery
