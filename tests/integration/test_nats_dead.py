@@ -91,3 +91,40 @@ def test_list_replay_purge(nats_names: Names, tmp_path: Path) -> None:
     # A wrong --db creates nothing and says so.
     r = dead(nats_names, "purge", tmp_path / "nope.db", "--all")
     assert r.returncode == 3 and not (tmp_path / "nope.db").exists()
+
+
+def test_the_console_reads_and_acts_through_the_source_type(
+    nats_names: Names, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from onceq._flows.flow import Flow
+    from onceq._ledger.sqlite import Ledger
+    from onceq._sources import registry
+    from onceq._sources.dead_api import DeadSelection
+    from onceq._sources.nats.plugin import NatsSource
+
+    setup(nats_names)
+    publish(
+        nats_names, [(b"{not json", {"Nats-Msg-Id": "bad-1"}), (b"[]", {"Nats-Msg-Id": "bad-2"})]
+    )
+    db = tmp_path / "l.db"
+    args = ["--stream", nats_names.stream, "--durable", nats_names.durable, "--flow", "f"]
+    r = cli(nats_names, "consume", *args, "--id-field", "id", "--url", "http://127.0.0.1:9/x",
+            "--db", str(db), "--until-empty", "--json")  # fmt: skip
+    assert r.returncode == 11 and json.loads(r.stdout)["dead"] == 2, r.stderr
+    flow = Flow("f", NatsSource(nats_names.stream, nats_names.durable))
+    stype = registry.of(flow.source)
+    assert stype is not None and stype.dead_actions == {"replay", "purge"}
+    with Ledger(db, "nats", flow="f", create=False) as ledger:
+        items = asyncio.run(stype.dead_items(flow, ledger, DeadSelection(), bodies=True))
+        assert sorted((i.key, i.reason) for i in items) == [
+            ("bad-1", "parse"),
+            ("bad-2", "not-object"),
+        ]
+        assert {i.body for i in items} == {b"{not json", b"[]"}
+        assert all(i.where == nats_names.dead_stream for i in items)
+        done = asyncio.run(stype.dead_action("purge", flow, ledger, DeadSelection(keys=("bad-1",))))
+        assert (done.matched, done.done) == (1, 1) and done.op is not None
+        left = asyncio.run(stype.dead_items(flow, ledger, DeadSelection()))
+        assert [i.key for i in left] == ["bad-2"]

@@ -67,3 +67,13 @@ def test_from_a_flow_file(nats_names: Names, tmp_path: Path) -> None:
     assert asyncio.run(_consumer_config(nats_names)).ack_wait == 45.0
     r = cli(nats_names, "setup", "--flows", str(flows), "--stream", "X")
     assert r.returncode == 2 and "--flows" in r.stderr
+    # `onceq status` reads the consumer's depths through the source type.
+    env = {"ONCEQ_NATS_URL": nats_names.url}
+    r = run_cli("status", str(flows), "--json", env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    queue = json.loads(r.stdout)["flows"]["inv"]["queue"]
+    assert (queue["kind"], queue["pending"], queue["ack_pending"], queue["dead"]) == (
+        "nats", 0, 0, 0,
+    )  # fmt: skip
+    r = run_cli("status", str(flows), env=env, timeout=60)
+    assert r.returncode == 0 and "ready 0/0  dead 0" in r.stdout, r.stderr

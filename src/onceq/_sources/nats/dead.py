@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceq._sources.dead_api import DeadItem
 from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.nats.names import dead_subject_of
 from onceq._sources.nats.settle import MSG_ID, REASON
@@ -42,6 +43,11 @@ class Letter:
     body: bytes
     headers: dict[str, str]
 
+    @property
+    def key(self) -> str:
+        """What selects it (the console's DeadSelection): its id, else its sequence."""
+        return self.msg_id or f"seq-{self.seq}"
+
 
 @dataclass
 class Selection:
@@ -53,7 +59,7 @@ class Selection:
 
     def matches(self, letter: Letter) -> bool:
         if self.ids:
-            return letter.msg_id in self.ids
+            return letter.key in self.ids
         if self.reason is not None:
             return letter.reason == self.reason
         return True
@@ -135,7 +141,9 @@ class DeadStream:
                 out.append(
                     Letter(
                         seq,
-                        headers.get(MSG_ID) or headers.get("Nats-Msg-Id"),
+                        # Not the dead copy's Nats-Msg-Id: that names the stored original
+                        # (STREAM:SEQ, onceq._sources.nats.settle), not the message.
+                        headers.get(MSG_ID),
                         headers.get(REASON, ""),
                         msg.data or b"",
                         headers,
@@ -173,7 +181,7 @@ async def run(
     url: str,
     source: Any,
     ledger: Any,
-    selection: Selection,
+    selection: Any,  # Selection, or the console's DeadSelection: .matches(letter), .as_filter()
     *,
     dry_run: bool = False,
     queue: Callable[[DeadStream], str] = lambda d: d.name,
@@ -206,3 +214,31 @@ async def run(
         finally:
             ledger.finish_op(report.op)
     return report
+
+
+async def items(
+    url: str, source: Any, ledger: Any, selection: Any, *, bodies: bool = False
+) -> list[DeadItem]:
+    """The console's view (onceq._sources.dead_api): the selected letters, left in place."""
+    async with DeadStream(url, source) as dead:
+        chosen = [x for x in await dead.letters() if selection.matches(x)]
+        info = ledger.dead_info([x.msg_id for x in chosen if x.msg_id]) if ledger else {}
+        out = []
+        for x in chosen:
+            i = info.get(x.msg_id or "", {})
+            out.append(
+                DeadItem(
+                    key=x.key,
+                    msg_id=x.msg_id,
+                    reason=i.get("reason") or x.reason or "unknown",
+                    detail=i.get("detail"),
+                    attempts=i.get("attempts"),
+                    died_at=i.get("at"),
+                    size=len(x.body),
+                    where=dead.name,
+                    body=x.body if bodies else None,
+                    # Header names only: a value may be a secret a publisher sent.
+                    properties={"seq": x.seq, "headers": sorted(x.headers)},
+                )
+            )
+        return out

@@ -40,6 +40,27 @@ async def consumer_depths(source: Any) -> dict[str, Any]:
             out["dead"] = int(subjects.get(dead, 0))
         except (jse.NotFoundError, Exception):
             out["dead"] = None
+        # The shape every queue-backed source gives `onceq status` (RabbitMQ's: one row
+        # per queue with its state), so its table shows a NATS flow without knowing it.
+        out["kind"] = "nats"
+        out["queues"] = [
+            {
+                "state": "ready",
+                "name": f"{source.stream}/{source.durable}",
+                "exists": True,
+                "ready": out["pending"],
+                "unacked": out["ack_pending"],
+                "consumers": None,
+            },
+            {
+                "state": "dead",
+                "name": dead,
+                "exists": out["dead"] is not None,
+                "ready": out["dead"],
+                "unacked": None,
+                "consumers": None,
+            },
+        ]
         return out
     finally:
         await close_quietly(nc)

@@ -17,11 +17,14 @@ from typing import Any, cast
 from onceq._core.keys import Mistakes, check, get
 from onceq._core.retry import parse_duration
 from onceq._core.url_check import check_url
+from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
+from onceq._sources.nats import dead
 from onceq._sources.nats.depths import consumer_depths
 from onceq._sources.nats.names import (
     DEFAULT_ACK_WAIT,
     DEFAULT_MAX_ACK_PENDING,
     DEFAULT_PREFETCH,
+    nats_url,
 )
 from onceq._sources.nats.open import NatsFeed
 from onceq._sources.nats.setup import Setup
@@ -154,6 +157,26 @@ class NatsType(SourceType):
 
     def open(self, flow: Any, until_empty: bool) -> NatsFeed:
         return NatsFeed(flow, until_empty)
+
+    dead_actions = frozenset({"replay", "purge"})
+
+    async def dead_items(
+        self, flow: Any, ledger: Any, selection: DeadSelection, *, bodies: bool = False
+    ) -> list[DeadItem]:
+        src = flow.source
+        return await dead.items(nats_url(src.url), src, ledger, selection, bodies=bodies)
+
+    async def dead_action(
+        self, action: str, flow: Any, ledger: Any, selection: DeadSelection
+    ) -> DeadAction:
+        if action not in self.dead_actions:
+            return await super().dead_action(action, flow, ledger, selection)
+        # The commands' own code (ledger reset first, copy stored, then delete; audit).
+        src = flow.source
+        report = await dead.run(action, nats_url(src.url), src, ledger, selection)
+        return DeadAction(
+            action, len(report.letters), report.replayed + report.purged, op=report.op
+        )
 
     def flag_keys(self) -> dict[str, str]:
         # nats consume --stream S --durable D --prefetch N

@@ -105,8 +105,11 @@ class NatsSettling:
         headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
         headers[REASON] = reason or "dead"
         headers[ORIGIN] = f"{self.stream}/{self.durable}"
-        if delivery.msg_id:
-            headers[MSG_ID] = delivery.msg_id
+        # The decoded id, else the publisher's (a copy that did not decode has none of
+        # its own): what `nats dead` selects and the ledger knows it by.
+        msg_id = delivery.msg_id or delivery.headers.get("message_id")
+        if msg_id:
+            headers[MSG_ID] = msg_id
         # One dead letter per stored message, however often it is settled (see above).
         headers["Nats-Msg-Id"] = f"{self.stream}:{delivery.headers.get('stream_seq', 0)}"
         try:
