@@ -27,7 +27,7 @@ from nats_support import (  # noqa: F401
     publish,
     setup,
 )
-from support import SAMPLE, run_cli
+from support import SAMPLE, free_port, run_cli
 
 INVOICES = SAMPLE / "invoices"
 
@@ -203,3 +203,38 @@ def test_a_call_longer_than_the_ack_wait_is_kept_with_in_progress_acks(
         out = json.loads(r.stdout)
         assert (out["received"], out["processed"], out["duplicates"]) == (3, 3, 0), out
         assert p.stats()["by_id"] == {d["invoiceId"]: 1 for d in docs}
+
+
+def test_metrics_show_the_consumer_s_depths(nats_names: Names, tmp_path: Path) -> None:
+    from metrics_support import Scrape, answers
+
+    setup(nats_names)
+    docs = [{"invoiceId": f"M-{i}", "total": 1} for i in range(10)]
+    publish(nats_names, [(json.dumps(d).encode(), {"Nats-Msg-Id": d["invoiceId"]}) for d in docs])
+    port = free_port()
+    with partner(kind="invoices") as p:
+        p.hold()
+        env = {**os.environ, "ONCEQ_NATS_URL": nats_names.url}
+        args = [
+            "--stream", nats_names.stream, "--durable", nats_names.durable, "--id-field",
+            "invoiceId", "--url", f"{p.url}/api/invoices", "--db", str(tmp_path / "m.db"),
+            "--prefetch", "2", "--metrics-port", str(port),
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onceq", "nats", "consume", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: answers(port) and p.held() == 2, timeout=30)
+
+            def depths() -> dict[str, float]:
+                return Scrape(port).by("onceq_queue_messages", "state", flow="default")
+
+            # 10 stored, 2 taken (their calls held): 8 pending, 2 unacked.
+            want = {"ready": 8, "unacked": 2, "redelivering": 0, "dead": 0}
+            wait_for(lambda: depths() == want, timeout=30, step=0.5)
+            p.release()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err

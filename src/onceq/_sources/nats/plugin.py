@@ -19,7 +19,7 @@ from onceq._core.retry import parse_duration
 from onceq._core.url_check import check_url
 from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 from onceq._sources.nats import dead
-from onceq._sources.nats.depths import consumer_depths
+from onceq._sources.nats.depths import NatsDepths, consumer_depths
 from onceq._sources.nats.names import (
     DEFAULT_ACK_WAIT,
     DEFAULT_MAX_ACK_PENDING,
@@ -143,6 +143,9 @@ class NatsType(SourceType):
                 continue
             m.add(key, why)
         return source
+
+    def depth_reader(self, flow: Any, transport: Any) -> NatsDepths:
+        return NatsDepths(transport)
 
     async def status_depths(
         self, flow: Any, api: str | None, now: datetime
