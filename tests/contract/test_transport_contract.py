@@ -9,8 +9,9 @@ promises, not the mechanics: every copy claimed is settled (the transport ends w
 nothing held: processing/ empty, the broker queue empty with 0 unacked), each settle
 comes after its record is durable, one ledger row per msg_id, failures dead-lettered
 with their reason after the retries the transport allows. The RabbitMQ variant runs
-against the real broker in a temporary vhost (it fails under CI=true when the broker
-is missing).
+against the real broker in a temporary vhost, the NATS variant against the shared
+JetStream server with a stream of its own (each fails under CI=true when its server is
+missing).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from nats_support import nats_names_fixture  # noqa: F401  (the fixture nats_names)
 from onceq._core.consumer import Consumer, Handler, Outcome, no_effect
 from onceq._core.transport import Delivery, Kind, Settle, Transport
 from onceq._exercise.orders_0_1_0 import MessageSpec, decode
@@ -215,6 +217,28 @@ async def run_amqp(url: str, db: Path, handler: Handler) -> tuple[Any, ...]:
     return spy, stats, {"msg-104.json": "parse"}, UNIQUE + 1, {"queues": queues(url)}
 
 
+async def run_nats(names: Any, db: Path, handler: Handler) -> tuple[Any, ...]:
+    from nats_support import aconsumer_state, apublish
+    from onceq._sources.nats.setup import Setup, setup
+    from onceq._sources.nats.transport import NatsTransport
+
+    await setup(names.url, Setup(names.stream, names.subject, names.durable))
+    # Each file its own Nats-Msg-Id: the re-sent copies are distinct messages for the
+    # server (as copies outside its duplicate window are), so the ledger meets them.
+    await apublish(names, [(body, {"ref": ref, "Nats-Msg-Id": ref}) for ref, body in MESSAGES])
+    transport = NatsTransport(names.url, stream=names.stream, durable=names.durable, prefetch=8)
+    await transport.open()
+    await transport.start()
+    try:
+        spy = Spy(transport, db, lambda d: d.token.headers["ref"], expected=len(MESSAGES))
+        stats = await _run(spy, db, _dirq_spec_decode, handler, max_attempts=2)
+    finally:
+        await transport.close()
+    state = await aconsumer_state(names)
+    left = {k: state[k] for k in ("pending", "ack_pending", "stored", "dead")}
+    return spy, stats, POISON, UNIQUE, left
+
+
 async def _run(
     spy: Spy, db: Path, dec: Callable[[Delivery], Outcome], handler: Handler, **kw: Any
 ) -> Any:
@@ -228,7 +252,7 @@ def handler_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=["memory", "dirq", "amqp"])
+@pytest.fixture(params=["memory", "dirq", "amqp", "nats"])
 def contract_run(
     request: pytest.FixtureRequest, handler_kind: str, tmp_path: Path
 ) -> Iterator[Run]:
@@ -237,6 +261,9 @@ def contract_run(
     if request.param == "amqp":
         url = request.getfixturevalue("amqp_url")  # a temporary vhost on the real broker
         out = asyncio.run(run_amqp(url, db, handler))
+    elif request.param == "nats":
+        names = request.getfixturevalue("nats_names")  # a stream of its own, deleted after
+        out = asyncio.run(run_nats(names, db, handler))
     else:
         runner = run_memory if request.param == "memory" else run_dirq
         out = asyncio.run(runner(tmp_path, db, handler))
@@ -272,6 +299,10 @@ def test_everything_claimed_ends_settled_in_the_transport(contract_run: Run) -> 
     elif r.transport == "amqp":
         assert r.left["queues"]["claim.in"] == (0, 0)  # nothing ready, nothing unacked
         assert r.left["queues"]["claim.dead"] == (len(dead), 0)
+    elif r.transport == "nats":
+        # Nothing pending or unacked; the work stream emptied (work-queue retention), the
+        # dead letters stored in the flow's dead-letter stream.
+        assert r.left == {"pending": 0, "ack_pending": 0, "stored": 0, "dead": len(dead)}
     else:
         assert r.left == {"queue": 0, "outstanding": 0, "dead": len(dead)}
 
