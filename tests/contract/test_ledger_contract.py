@@ -535,8 +535,9 @@ def test_an_unknown_operation_writes_nothing(ledger_target: str) -> None:
             ledger.record_purged(999, ["a"])
         assert ledger.failed_attempts("a") == 1  # the replay row was rolled back with it
         assert ledger.counts()["replays"] == 0
-        with pytest.raises(ValueError, match="transport"):
-            ledger.start_op("kafka", "replay", {}, "q")
+        for malformed in ("Kafka", "", "dead-letter", "a" * 33, "q.dead", "1amqp"):
+            with pytest.raises(ValueError, match="transport"):
+                ledger.start_op(malformed, "replay", {}, "q")
         with pytest.raises(ValueError, match="op"):
             ledger.start_op("amqp", "delete", {}, "q")
         assert ledger.dead_ops() == []

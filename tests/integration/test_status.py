@@ -26,6 +26,7 @@ import pytest
 
 from cli_support import invoke
 from mq_support import claim_doc, cli, ctl, partner, vhost, wait_for, write_claims
+from onceq._ledger.schema import VERSION
 from onceq._ledger.target import is_pg_url
 from support import snapshot
 
@@ -232,7 +233,7 @@ def test_status_never_creates_or_changes_a_ledger(tmp_path: Path) -> None:
     assert doc["flows"]["a"]["ledger"]["processed"] == 1
     assert db.read_bytes() == raw
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (VERSION,)
     # --db: every flow the ledger holds, counts only.
     doc = status_json("--db", str(db))
     assert list(doc["flows"]) == ["a"] and doc["flows"]["a"]["queue"] is None

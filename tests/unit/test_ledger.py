@@ -14,6 +14,7 @@ import onceq._ledger.sqlite as ledger_module
 from onceq._core.transport import Delivery, Kind, Settle
 from onceq._exercise.processed_table import PROCESSED_TABLE
 from onceq._ledger.rows import chunks
+from onceq._ledger.schema import VERSION
 from onceq._ledger.sqlite import Entry, Ledger, encode_kept
 from onceq._sources.dirq.order import DEFAULT_SQL, run_check
 from onceq.errors import LedgerError, NotFound, UsageError
@@ -259,7 +260,7 @@ def test_a_newer_schema_is_refused_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
     Ledger(path).close()
     with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA user_version = 4")
+        conn.execute(f"PRAGMA user_version = {VERSION + 1}")
     conn.close()
     before = path.read_bytes()
     with pytest.raises(LedgerError, match="written by a newer onceq"):

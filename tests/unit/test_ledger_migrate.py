@@ -1,4 +1,4 @@
-"""A ledger written by onceq 0.1.0 is migrated to schema 3 in place, in one transaction.
+"""A ledger written by onceq 0.1.0 is migrated to the current schema in place, in one transaction.
 
 `make_v010_ledger` builds a real 0.1.0 ledger: 0.1.0's DDL (verbatim from
 `git show 036b324:src/onceq/ledger_db.py`), WAL as 0.1.0 set it, and rows in every
@@ -20,6 +20,7 @@ import pytest
 from cli_support import invoke
 from onceq._core.transport import Delivery, Kind, Settle
 from onceq._exercise.processed_table import PROCESSED_TABLE
+from onceq._ledger.schema import VERSION
 from onceq._ledger.sqlite import Entry, Ledger
 from onceq.errors import LedgerError
 from support import open_db
@@ -107,7 +108,7 @@ def test_a_010_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
         assert ledger.failed_attempts("m-7") == 1
         assert ledger.last_failure("msg-010.json") == ("missing-field", "amount")
         assert ledger.counts() == {"processed": 4, "duplicates": 1, "failures": 3, "replays": 1}
-    assert q(path, "PRAGMA user_version") == [(3,)]
+    assert q(path, "PRAGMA user_version") == [(VERSION,)]
     assert q(
         path,
         "SELECT flow, msg_id, grp, seq, kept, partner_duplicate, processed_at, source, ref"
@@ -232,7 +233,7 @@ def test_a_newer_ledger_is_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     Ledger(path).close()
     with open_db(path) as conn:
-        conn.execute("PRAGMA user_version = 4")
+        conn.execute(f"PRAGMA user_version = {VERSION + 1}")
     before = dump(path)
     r = invoke("dirq", "order-check", "--db", str(path))
     assert r.returncode == 8

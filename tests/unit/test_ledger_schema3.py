@@ -16,6 +16,7 @@ from onceq._core.consumer import Consumer, Outcome
 from onceq._core.retry import RetryPolicy
 from onceq._core.transport import Delivery, Kind, Settle
 from onceq._ledger.rows import DETAIL_CAP
+from onceq._ledger.schema import VERSION
 from onceq._ledger.sqlite import Entry, Ledger
 from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerError
@@ -116,7 +117,7 @@ def test_a_schema_2_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
         # the old replay names its file only: the migration found m-5 by it, and only
         # the failure after the replay counts (a replay before the upgrade resets too)
         assert ledger.failed_attempts("m-5") == 1
-    assert q(path, "PRAGMA user_version") == [(3,)]
+    assert q(path, "PRAGMA user_version") == [(VERSION,)]
     assert q(path, "SELECT * FROM messages") == V2_MESSAGES
     assert q(path, "SELECT * FROM duplicates") == V2_DUPLICATES
     assert q(path, "SELECT * FROM failures ORDER BY id") == [(*r, None) for r in V2_FAILURES]
@@ -175,7 +176,7 @@ def test_a_damaged_schema_2_ledger_is_refused_unchanged(tmp_path: Path) -> None:
 def test_a_new_ledger_is_schema_3(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
     Ledger(path).close()
-    assert q(path, "PRAGMA user_version") == [(3,)]
+    assert q(path, "PRAGMA user_version") == [(VERSION,)]
     cols = {r[1] for r in q(path, "PRAGMA table_info(replays)")}
     assert {"msg_id", "op", "reset_after"} <= cols
 
@@ -358,7 +359,7 @@ def test_an_unknown_operation_writes_nothing(tmp_path: Path) -> None:
         assert ledger.failed_attempts("a") == 1  # the replay row was rolled back with it
         assert ledger.counts()["replays"] == 0
         with pytest.raises(ValueError, match="transport"):
-            ledger.start_op("kafka", "replay", {}, "q")
+            ledger.start_op("Kafka!", "replay", {}, "q")  # not a source's tag
         with pytest.raises(ValueError, match="op"):
             ledger.start_op("amqp", "delete", {}, "q")
         assert ledger.dead_ops() == []

@@ -4,13 +4,15 @@ The tables themselves are `onceq._ledger.schema` (re-exported here).
 
 `connect` opens (and, when asked, creates) a ledger with WAL, synchronous=FULL and a
 long busy timeout, and refuses a database of another schema before writing to it.
-A ledger of onceq 0.1.0 (no schema version) or of schema 2 is migrated in place on
-first open (`onceq._ledger.migrate`). The record-keeping itself is `onceq._ledger.sqlite.Ledger`.
+A ledger of onceq 0.1.0 (no schema version), of schema 2 or of schema 3 is migrated
+in place on first open (`onceq._ledger.migrate`). The record-keeping itself is
+`onceq._ledger.sqlite.Ledger`.
 
 The schema carries its version in `PRAGMA user_version` (a field of the file's
 header, written in the same transaction as the tables): 0 is 0.1.0's (or no onceq
-ledger yet), 2 is issue 7's (flows), 3 is this one (retry delays, replays that reset
-a message's attempts, the dead-letter operations' audit). A version above ours is a
+ledger yet), 2 is issue 7's (flows), 3 added retry delays, replays that reset a
+message's attempts and the dead-letter operations' audit, 4 is this one (dead_ops
+checks a source tag's shape, not a list of sources). A version above ours is a
 newer onceq's ledger and is refused: writing to a schema we do not know could break
 its rules silently.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from onceq._ledger.migrate import V1_TABLES, V2_TABLES, migrate
+from onceq._ledger.migrate import V1_TABLES, V2_TABLES, V3_TABLES, migrate
 from onceq._ledger.schema import (
     ADDITIVE,
     KNOWN,
@@ -123,8 +125,8 @@ def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
 
 
 def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
-    """'new' (no onceq tables yet: to be made), 'ours' (schema 3) or 'old' (0.1.0's or
-    schema 2: to be migrated); LedgerError for anything else.
+    """'new' (no onceq tables yet: to be made), 'ours' (schema 4) or 'old' (0.1.0's,
+    schema 2 or 3: to be migrated); LedgerError for anything else.
 
     A database with a `processed` table of other columns (the seed's tutorial ledger)
     would refuse every insert, and a refused insert reads as a refused *message*: each
@@ -145,13 +147,18 @@ def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
                 f"{p}: a damaged ledger (schema {VERSION}, missing {', '.join(missing)})"
             )
         return "ours"
-    if version == 2:
-        missing = missing_columns(have, V2_TABLES)
+    if version in (2, 3):
+        missing = missing_columns(have, V2_TABLES if version == 2 else V3_TABLES)
         if missing:
-            raise LedgerError(f"{p}: a damaged ledger (schema 2, missing {', '.join(missing)})")
+            raise LedgerError(
+                f"{p}: a damaged ledger (schema {version}, missing {', '.join(missing)})"
+            )
         return "old"
     if version not in KNOWN:
-        raise LedgerError(f"{p}: an unknown ledger schema {version} (this onceq knows 0, 2, 3)")
+        raise LedgerError(
+            f"{p}: an unknown ledger schema {version}"
+            f" (this onceq knows {', '.join(map(str, KNOWN))})"
+        )
     ours = [t for t in (*expected(), *V1_TABLES) if t in have]
     if create and not ours:
         return "new"  # a new database (or someone else's) that we may create our tables in

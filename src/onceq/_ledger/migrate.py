@@ -1,4 +1,4 @@
-"""Migrating an older ledger to schema 3, in place, in one transaction.
+"""Migrating an older ledger to schema 4, in place, in one transaction.
 
 From onceq 0.1.0 (schema 0). 0.1.0 kept one dedup table for one kind of message:
 `processed(msg_id PRIMARY KEY, order_no, seq, amount, …)`. Schema 2 and 3 deduplicate
@@ -18,7 +18,18 @@ reset_after, the table dead_ops is made (ALTER TABLE ADD COLUMN: no row is copie
 Both: every old replay gets the msg_id of the newest failure of its file (ref) before
 it, and reset_after = that msg_id's newest failure before it, so a replay made before
 the upgrade gives its message its retries again exactly as one made after does.
-Then user_version = 3.
+These two paths make dead_ops with schema 4's DDL directly.
+
+From schema 3 (issue 21): dead_ops.transport checked a list of sources (amqp, dirq),
+so every new source needed a migration; schema 4 checks the tag's shape
+(`onceq._ledger.schema.TRANSPORT_CHECK`). SQLite cannot drop a CHECK: dead_ops is
+rebuilt, SQLite's own recipe (https://sqlite.org/lang_altertable.html, "other kinds
+of table schema changes"): the new table made under another name by schema 4's DDL,
+the rows copied with their ids (replays.op names them), the old table dropped, the
+new one renamed, then the indexes and triggers an operator had put on it made again
+from their own SQL. A dead_ops with columns schema 3 never had is refused, as a
+0.1.0 ledger's are below: a copy would drop them silently.
+Then user_version = 4.
 
 All of it between BEGIN IMMEDIATE and COMMIT: a crash, a full disk or a statement
 that fails midway leaves the file exactly as it was (SQLite rolls back DDL too), and
@@ -33,7 +44,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from onceq._ledger.schema import SCHEMA, VERSION, tables, user_version
+from onceq._ledger.schema import ADDITIVE, SCHEMA, VERSION, expected, tables, user_version
 from onceq.errors import LedgerError
 
 # The 0.1.0 tables and their columns (git show 036b324:src/onceq/ledger_db.py).
@@ -57,7 +68,7 @@ V2_TABLES: dict[str, set[str]] = {
 FLOW = "default"
 
 # Each statement in order. The old tables are renamed aside, the new ones made by
-# schema 3's own DDL (one definition), the rows copied, the old tables dropped.
+# the current schema's own DDL (one definition), the rows copied, the old tables dropped.
 _RENAME = """
 ALTER TABLE duplicates RENAME TO onceq_v0_duplicates;
 ALTER TABLE failures RENAME TO onceq_v0_failures;
@@ -82,8 +93,8 @@ DROP TABLE onceq_v0_failures;
 DROP TABLE onceq_v0_replays;
 """
 
-# Schema 2 → 3: columns added (defaults for the old rows), the new table and index
-# made by schema 3's own DDL (CREATE … IF NOT EXISTS skips the tables that exist).
+# Schema 2 → 3 (then 4): columns added (defaults for the old rows), the new table and index
+# made by the current schema's own DDL (CREATE … IF NOT EXISTS skips the tables that exist).
 _ADD = """
 ALTER TABLE failures ADD COLUMN delay_s REAL;
 ALTER TABLE replays ADD COLUMN msg_id TEXT;
@@ -112,9 +123,45 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
+# Schema 3's tables and columns: schema 4's (only a CHECK changed), the ADDITIVE ones
+# (consumers) may be missing.
+V3_TABLES: dict[str, set[str]] = {t: c for t, c in expected().items() if t not in ADDITIVE}
+_NEW_DEAD_OPS = "onceq_v4_dead_ops"
+
+
+def _rebuild_dead_ops(conn: sqlite3.Connection, path: Path) -> list[str]:
+    """The statements that rebuild a schema-3 dead_ops with schema 4's CHECK."""
+    unknown = sorted(tables(conn)["dead_ops"] - V3_TABLES["dead_ops"])
+    if unknown:
+        raise LedgerError(
+            f"{path}: cannot migrate this ledger to schema {VERSION}: columns onceq never"
+            f" wrote in dead_ops ({', '.join(unknown)}); it is left as it was"
+        )
+    # Read before the DROP, which takes them with it. sql IS NULL: an index SQLite
+    # made itself (a UNIQUE or PRIMARY KEY's), which the new DDL makes again.
+    kept = [
+        sql
+        for (sql,) in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE tbl_name = 'dead_ops'"
+            " AND type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY type, name"
+        )
+    ]
+    (ddl,) = [s for s in _statements(SCHEMA) if "EXISTS dead_ops (" in s]
+    columns = ", ".join(sorted(V3_TABLES["dead_ops"]))
+    return [
+        # No IF NOT EXISTS: a table of that name already there fails the migration
+        # instead of receiving the rows.
+        ddl.replace("IF NOT EXISTS dead_ops (", f"{_NEW_DEAD_OPS} ("),
+        f"INSERT INTO {_NEW_DEAD_OPS} ({columns}) SELECT {columns} FROM dead_ops",
+        "DROP TABLE dead_ops",
+        f"ALTER TABLE {_NEW_DEAD_OPS} RENAME TO dead_ops",
+        *kept,
+    ]
+
+
 def migrate(conn: sqlite3.Connection, path: Path) -> bool:
-    """Migrate the 0.1.0 or schema-2 ledger on `conn` to schema 3; False when another
-    process already did. LedgerError, with the file unchanged, when it cannot be done."""
+    """Migrate the 0.1.0, schema-2 or schema-3 ledger on `conn` to schema 4; False when
+    another process already did. LedgerError, with the file unchanged, when it cannot be done."""
     # execute(), never executescript(): executescript commits a pending transaction
     # first, which would make the migration two transactions.
     conn.execute("BEGIN IMMEDIATE")
@@ -137,6 +184,10 @@ def migrate(conn: sqlite3.Connection, path: Path) -> bool:
             steps = (*_statements(_RENAME), *_statements(SCHEMA), *_statements(_COPY))
         elif version == 2:
             steps = (*_statements(_ADD), *_statements(SCHEMA))
+        elif version == 3:
+            # SCHEMA after the rebuild: makes the ADDITIVE tables a schema-3 ledger may
+            # lack (IF NOT EXISTS skips the others). _RESET finds nothing left to do.
+            steps = (*_rebuild_dead_ops(conn, path), *_statements(SCHEMA))
         else:  # checked by the caller; a concurrent writer of another version
             raise LedgerError(f"{path}: an unknown ledger schema {version}; left as it was")
         for sql in (*steps, *_statements(_RESET)):

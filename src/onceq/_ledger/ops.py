@@ -1,4 +1,4 @@
-"""What the ledger knows about failures, replays and dead-letter operations (schema 3).
+"""What the ledger knows about failures, replays and dead-letter operations (schema 3 on).
 
 A mixin of both ledgers (`onceq._ledger.sqlite.Ledger`, `onceq._ledger.pg.ledger.PgLedger`):
 every read and write here is scoped to the ledger's flow, every write is one transaction
@@ -21,6 +21,7 @@ A killed operation keeps finished_at NULL and the count of what it did.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 
     from onceq._ledger.rows import Tx
 
-TRANSPORTS = ("amqp", "dirq")
+# A source's tag: its shape, not a list of the sources onceq has, so a new source needs
+# no change here (the schema's CHECK is the same rule: onceq._ledger.schema.TRANSPORT_CHECK).
+TRANSPORT_TAG = re.compile(r"[a-z][a-z0-9_]{0,31}")
 OPS = ("replay", "purge")
 # msg_ids per IN (…) list: far below SQLite's 32766 bound parameters.
 _CHUNK = 500
@@ -227,8 +230,11 @@ class LedgerOps:
     def start_op(self, transport: str, op: str, filter: dict[str, Any], queue: str) -> int:
         """Open the audit row of a dead-letter operation; its id. Call it before the
         first message is touched, so even a killed operation is on record."""
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if not isinstance(transport, str) or not TRANSPORT_TAG.fullmatch(transport):
+            raise ValueError(
+                f"transport must be a source's tag (a lowercase identifier of at most 32"
+                f" characters: amqp, dirq, nats …), not {transport!r}"
+            )
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         as_json = json.dumps(filter, sort_keys=True, default=str)

@@ -1,4 +1,4 @@
-"""The SQLite ledger's schema: its DDL (version 3), and what an open file holds.
+"""The SQLite ledger's schema: its DDL (version 4), and what an open file holds.
 
 One definition of the tables (`SCHEMA`), read back for every check (`expected`): the
 opener's schema check and repair (`onceq._ledger.db`) and the migration from older
@@ -12,8 +12,20 @@ import contextlib
 import functools
 import sqlite3
 
-VERSION = 3
-KNOWN = (0, 2, 3)  # the versions this onceq opens (0 and 2 are migrated to 3)
+VERSION = 4
+KNOWN = (0, 2, 3, 4)  # the versions this onceq opens (0, 2 and 3 are migrated to 4)
+
+# A source's tag in dead_ops.transport (and messages.source): a short lowercase
+# identifier. Its SHAPE is checked, not a list of the sources onceq has: a new source
+# (nats) must not need a ledger migration, and a malformed tag (a typo, a queue name
+# passed by mistake) is still refused by the database itself. The same rule three
+# times: here for SQLite (GLOB: no regular expressions in plain SQLite), in
+# `onceq._ledger.pg.schema` for PostgreSQL, and `onceq._ledger.ops.TRANSPORT_TAG`
+# before the INSERT (a clear ValueError rather than a constraint error).
+TRANSPORT_CHECK = (
+    "length(transport) BETWEEN 1 AND 32 AND transport GLOB '[a-z]*'"
+    " AND transport NOT GLOB '*[^a-z0-9_]*'"
+)
 
 # No ';' inside a comment: the migration runs this DDL statement by statement.
 # WITHOUT ROWID: `messages` is only ever reached by its key, so the rows live in the
@@ -27,7 +39,7 @@ CREATE TABLE IF NOT EXISTS messages (
     kept              TEXT NOT NULL DEFAULT '{}',-- the flow's keep paths, a JSON object
     partner_duplicate INTEGER NOT NULL DEFAULT 0,-- the partner said it already had it
     processed_at      TEXT NOT NULL,             -- UTC, ISO 8601
-    source            TEXT NOT NULL,             -- dirq | amqp
+    source            TEXT NOT NULL,             -- the source's tag: dirq, amqp, nats …
     ref               TEXT,                      -- the file name / delivery that took effect
     PRIMARY KEY (flow, msg_id)
 ) WITHOUT ROWID;
@@ -71,7 +83,7 @@ CREATE INDEX IF NOT EXISTS replays_msg ON replays(flow, msg_id);
 CREATE TABLE IF NOT EXISTS dead_ops (
     id          INTEGER PRIMARY KEY,
     flow        TEXT NOT NULL,
-    transport   TEXT NOT NULL CHECK (transport IN ('amqp', 'dirq')),
+    transport   TEXT NOT NULL CHECK (TRANSPORT_CHECK),
     op          TEXT NOT NULL CHECK (op IN ('replay', 'purge')),
     filter      TEXT NOT NULL DEFAULT '{}', -- the filter as given, a JSON object
     queue       TEXT NOT NULL DEFAULT '',
@@ -91,9 +103,9 @@ CREATE TABLE IF NOT EXISTS consumers (
     state      TEXT NOT NULL DEFAULT '{}',-- JSON: status, breaker, in_flight, connected …
     PRIMARY KEY (flow, consumer)
 );
-"""
+""".replace("TRANSPORT_CHECK", TRANSPORT_CHECK)
 
-# Tables a schema-3 ledger may lack and that are added in place on open, without a
+# Tables a schema-4 ledger may lack and that are added in place on open, without a
 # version bump: they hold no rule of the ledger (a running consumer's published state,
 # `onceq._ops.heartbeat`), so an older onceq of the same schema keeps opening the file and
 # ignores them, and an operator can still go back one release.
