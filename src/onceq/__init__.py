@@ -43,6 +43,7 @@ _LAZY = {
     "Flow": "onceq._flows.flow",
     "DirSource": "onceq._sources.dirq.plugin",
     "RabbitSource": "onceq._sources.amqp.plugin",
+    "NatsSource": "onceq._sources.nats.plugin",
     "MessageSpec": "onceq._core.message",
     "HttpEffect": "onceq._effects.http",
     "StatusMap": "onceq._effects.http",
@@ -87,6 +88,7 @@ __all__ = [
     "MemoryTransport",
     "MessageSpec",
     "Misconfigured",
+    "NatsSource",
     "NotFound",
     "OnceqError",
     "Outcome",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from onceq._sources.amqp.plugin import RabbitSource
     from onceq._sources.dirq.plugin import DirSource
     from onceq._sources.memory import MemoryTransport
+    from onceq._sources.nats.plugin import NatsSource
 
 
 def _version() -> str:

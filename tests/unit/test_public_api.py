@@ -25,6 +25,7 @@ PUBLIC = [
     "Flow",
     "DirSource",
     "RabbitSource",
+    "NatsSource",
     "MessageSpec",
     "HttpEffect",
     "StatusMap",

@@ -107,7 +107,9 @@ def test_a_mistyped_kind_lists_every_registered_one(tmp_path: Path) -> None:
     path = write(tmp_path, '[flows.a]\nsource = "testqq"\n')
     with pytest.raises(FlowFileError) as err:
         load_flows(path)
-    assert 'flows.a.source: must be "dirq", "rabbitmq" or "testq", not \'testqq\'' in str(err.value)
+    assert 'flows.a.source: must be "dirq", "rabbitmq", "nats" or "testq", not \'testqq\'' in str(
+        err.value
+    )
 
 
 def test_validate_asks_the_type() -> None:
@@ -134,7 +136,7 @@ def test_the_builtin_kinds_are_found_by_their_objects() -> None:
     assert registry.of(RabbitSource("q")) is registry.named("rabbitmq")
     assert registry.of(MemoryTransport()) is registry.named("transport")
     assert registry.of(object()) is None
-    assert registry.kinds() == ["dirq", "rabbitmq", "testq"]
+    assert registry.kinds() == ["dirq", "rabbitmq", "nats", "testq"]
 
 
 def test_a_flow_of_the_registered_kind_runs_once_per_id(tmp_path: Path) -> None:

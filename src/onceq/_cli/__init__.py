@@ -57,6 +57,11 @@ COMMANDS = {
         "mq",
         "RabbitMQ: topology, confirming publisher, manual-ack consumer with DLQ.",
     ),
+    "nats": (
+        "onceq._cli.nats",
+        "nats",
+        "NATS JetStream: stream and consumer setup, de-duplicating publisher, pull consumer.",
+    ),
     "partner": (
         "onceq._cli.partner",
         "partner",

@@ -122,6 +122,7 @@ class SourceType:
 BUILTIN: dict[str, str] = {
     "dirq": "onceq._sources.dirq.plugin:DIRQ",
     "rabbitmq": "onceq._sources.amqp.plugin:RABBITMQ",
+    "nats": "onceq._sources.nats.plugin:NATS",
     "transport": "onceq._sources.library:TRANSPORT",
 }
 

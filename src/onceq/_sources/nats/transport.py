@@ -1,0 +1,326 @@
+"""The consume loop's Transport over a NATS JetStream durable pull consumer.
+
+Reliability choices, each for a reason:
+- A pull consumer with explicit acks: nothing leaves the stream before onceq acks it,
+  and the loop acks only after the ledger commit (onceq._core.consumer).
+- One consumer asks for at most `prefetch` copies at a time (a pull's batch is the
+  room left): the durable's MaxAckPending is shared by every process on it, so each
+  process bounds its own share, as RabbitMQ's basic_qos does per channel.
+- In-progress acks (+WPI) for every copy held longer than half the consumer's
+  AckWait: a slow partner call, or a copy waiting behind its twin's lease, must not be
+  redelivered to another consumer while this one still works on it.
+- nats-py reconnects by itself and keeps the subscription. An ack sent while the
+  connection is down is buffered and sent after the reconnect, or lost: then the
+  server redelivers the copy after AckWait and the ledger acks it without a call.
+- A stop takes no more copies (no new pull); a pull already asked for may still bring
+  some: those were never handed out and are given back at once (a plain NAK), so
+  another consumer gets them now rather than after AckWait.
+- `--until-empty`: the run ends once this consumer holds nothing and the durable
+  consumer reports nothing pending, nothing ack-pending (a copy NAKed with a delay is
+  still ack-pending: its retry is part of the batch) and nothing waiting redelivery.
+
+How a copy is settled (ack, NAK, NAK with a delay, a confirmed dead letter then the
+ack) is `onceq._sources.nats.settle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from onceq._core.redact import redact_url
+from onceq._core.transport import Delivery
+from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
+from onceq._sources.nats.names import DEFAULT_ACK_WAIT, dead_subject_of
+from onceq._sources.nats.settle import NatsSettling
+from onceq.errors import NotFound, UsageError
+
+log = logging.getLogger("onceq.nats.transport")
+
+# Seconds one pull waits on the server for a copy: how often an idle consumer asks,
+# and the longest a stop waits for the pull under way.
+PULL_WAIT = 1.0
+_END = object()
+# The header a publisher's id travels in (server-side de-duplication inside the
+# stream's window, onceq's ledger beyond it).
+MSG_ID = "Nats-Msg-Id"
+
+
+class NatsTransport(NatsSettling):
+    """Deliveries from one durable pull consumer of one stream."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        stream: str,
+        durable: str,
+        prefetch: int = 5,
+        until_empty: bool = False,
+        dead_subject: str | None = None,
+    ) -> None:
+        self.url = url
+        self.stream = stream
+        self.durable = durable
+        self.prefetch = prefetch
+        self.until_empty = until_empty
+        self.dead_subject = dead_subject or dead_subject_of(stream)
+        self.ack_wait = DEFAULT_ACK_WAIT  # the consumer's own, read at open
+        self.drained = False
+        self.unsettled = 0  # settles lost with the connection (the server redelivers)
+        self.delayed = 0
+        self.stopped = asyncio.Event()
+        self.paused = False
+        self._probes = 0
+        self._buffer: collections.deque[Any] = collections.deque()
+        self._held: dict[int, list[Any]] = {}  # id(delivery) -> [delivery, last touched]
+        self._changed = asyncio.Event()
+        self._nc: Any = None
+        self._js: Any = None
+        self._sub: Any = None
+        self._down = False
+        self._keeper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # give-backs under way, awaited at close
+
+    # -- opening ---------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect and check the consumer and the dead-letter stream; nothing is taken.
+
+        Split from `start` so the ledger is opened in between: a run the server refuses
+        (down, no stream, no consumer) leaves no ledger file behind.
+        """
+        import nats.js.errors as jse
+
+        self._nc = await connect(
+            self.url,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
+        try:
+            self._js = self._nc.jetstream(timeout=API_TIMEOUT)
+            with boundary(self.url, f"consumer {self.durable} on stream {self.stream}"):
+                try:
+                    info = await self._js.consumer_info(self.stream, self.durable)
+                except jse.NotFoundError:
+                    raise NotFound(
+                        f"NATS server {redact_url(self.url)}: no consumer {self.durable} on"
+                        f" stream {self.stream}; create it first: {self.setup_command()}"
+                    ) from None
+            config = info.config
+            if config.deliver_subject:
+                raise UsageError(
+                    f"consumer {self.durable} is a push consumer; onceq pulls (create a pull"
+                    f" consumer: {self.setup_command()})"
+                )
+            if getattr(config.ack_policy, "value", config.ack_policy) != "explicit":
+                raise UsageError(
+                    f"consumer {self.durable} does not use explicit acks: a copy would be"
+                    " gone before its record is durable"
+                )
+            self.ack_wait = float(config.ack_wait or DEFAULT_ACK_WAIT)
+            # Before anything is consumed: a dead letter with nowhere to go would leave
+            # every rejected message circulating (NotFound, one line).
+            with boundary(self.url, f"dead-letter subject {self.dead_subject}"):
+                try:
+                    await self._js.find_stream_name_by_subject(self.dead_subject)
+                except jse.NotFoundError:
+                    raise NotFound(
+                        f"NATS server {redact_url(self.url)}: no stream takes the dead-letter"
+                        f" subject {self.dead_subject}; create it first: {self.setup_command()}"
+                    ) from None
+        except BaseException:
+            await close_quietly(self._nc)
+            raise
+
+    def setup_command(self) -> str:
+        return f"onceq nats setup --stream {self.stream} --durable {self.durable} --subject SUBJECT"
+
+    async def start(self) -> None:
+        with boundary(self.url, f"consumer {self.durable}"):
+            self._sub = await self._js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def _on_disconnected(self) -> None:
+        if self._closing or self._down:
+            return  # our own close, or an outage already said
+        self._down = True
+        log.warning(
+            "connection to %s lost; reconnecting",
+            redact_url(self.url),
+            extra={"event": "connection-lost"},
+        )
+
+    async def _on_reconnected(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("reconnected to %s", redact_url(self.url), extra={"event": "reconnected"})
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and bool(self._nc.is_connected)
+
+    # -- deliveries --------------------------------------------------------------------
+    def _room(self) -> int:
+        if self.paused:
+            return min(self._probes, 1)
+        return self.prefetch - len(self._held)
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        while True:
+            self._changed.clear()
+            if self._buffer:
+                item = self._buffer.popleft()
+                if item is _END:
+                    return
+                yield item
+                continue
+            if self.stopped.is_set():
+                return
+            room = self._room()
+            if room <= 0:
+                await self._changed.wait()
+                continue
+            msgs = await self._pull(room)
+            if msgs is None:  # nothing came within PULL_WAIT
+                if self.until_empty and not self._held and await self._drained():
+                    self.drained = True
+                    return
+                continue
+            if self.stopped.is_set() or (self.paused and not self._probes):
+                # Asked for before the stop (or the pause): never handed out, so given
+                # back at once rather than held until AckWait.
+                await self._give_back(msgs)
+                continue
+            if self.paused:
+                self._probes = 0
+            for msg in msgs:
+                self._buffer.append(self._delivery(msg))
+
+    async def _pull(self, room: int) -> list[Any] | None:
+        import nats.errors
+
+        try:
+            msgs: list[Any] = await self._sub.fetch(room, timeout=PULL_WAIT)
+        except nats.errors.TimeoutError:
+            return None
+        except (nats.errors.Error, OSError) as exc:
+            # Disconnected (nats-py reconnects by itself), or a server's status: wait a
+            # moment and ask again; a stop ends the loop meanwhile.
+            log.debug("pull: %s", type(exc).__name__, extra={"event": "connection-lost"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), PULL_WAIT)
+            return None
+        return msgs
+
+    def _delivery(self, msg: Any) -> Delivery:
+        headers = msg.headers or {}
+        try:
+            meta = msg.metadata
+            seq, redelivered = meta.sequence.stream, meta.num_delivered > 1
+        except Exception:  # not a JetStream copy (no ack subject): cannot be settled
+            seq, redelivered = 0, False
+        delivery = Delivery(
+            body=msg.data,
+            ref=f"{self.stream}/{seq}",
+            redelivered=redelivered,
+            token=msg,
+            headers={"message_id": headers.get(MSG_ID), "stream_seq": seq},
+        )
+        self._held[id(delivery)] = [delivery, time.monotonic()]
+        return delivery
+
+    async def _give_back(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            with contextlib.suppress(Exception):
+                await msg.nak()
+
+    async def _drained(self) -> bool:
+        try:
+            with boundary(self.url):
+                info = await self._js.consumer_info(self.stream, self.durable)
+        except Exception as exc:  # asked again after the next idle pull
+            log.debug("drain check: %s", exc, extra={"event": "drain-check-failed"})
+            return False
+        return not (info.num_pending or info.num_ack_pending or info.num_redelivered)
+
+    async def _keep_alive(self) -> None:
+        """+WPI for every copy held over half the AckWait (see the module's docstring)."""
+        every = max(self.ack_wait / 4, 0.05)
+        while not self._closing:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for entry in list(self._held.values()):
+                delivery, touched = entry
+                if now - touched >= self.ack_wait / 2:
+                    entry[1] = now
+                    with contextlib.suppress(Exception):  # lost: the server redelivers
+                        await delivery.token.in_progress()
+
+    _closing = False
+
+    # -- the breaker's (onceq._core.transport.Pausable) ------------------------------------
+    def pause(self) -> None:
+        self.paused = True
+        self._probes = 0
+        # Received and not handed out: back to the stream untried.
+        waiting = [d.token for d in self._buffer if d is not _END]
+        self._buffer = collections.deque(d for d in self._buffer if d is _END)
+        for msg in waiting:
+            self._forget(msg)
+        if waiting:
+            task = asyncio.get_running_loop().create_task(self._give_back(waiting))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def probe(self) -> None:
+        self._probes = 1
+        self._changed.set()
+
+    def resume(self) -> None:
+        self.paused = False
+        self._probes = 0
+        self._changed.set()
+
+    def _forget(self, msg: Any) -> None:
+        for key, (delivery, _) in list(self._held.items()):
+            if delivery.token is msg:
+                del self._held[key]
+
+    # -- the end ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        self._buffer.append(_END)
+        self._changed.set()
+
+    async def close(self) -> None:
+        """Let go: what was received and not handed out goes back; the rest is redelivered."""
+        self._closing = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        left = [d.token for d in self._buffer if d is not _END]
+        self._buffer.clear()
+        # Copies a pull brought after the last one was handed out (nats-py queues them
+        # on the subscription): never handed out either.
+        queue = getattr(getattr(self._sub, "_sub", None), "_pending_queue", None)
+        while queue is not None and not queue.empty():
+            msg = queue.get_nowait()
+            if msg.reply and not (msg.headers or {}).get("Status"):
+                left.append(msg)
+        if left and self.connected:
+            await self._give_back(left)
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        if self._nc is not None and self.connected:
+            with contextlib.suppress(Exception):
+                await self._nc.flush(timeout=2)  # the last acks out before the close
+        await close_quietly(self._nc)
