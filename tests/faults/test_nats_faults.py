@@ -167,6 +167,9 @@ async def _state(url: str) -> dict[str, int]:
             "pending": int(ci.num_pending or 0),
             "ack_pending": int(ci.num_ack_pending or 0),
             "ack_floor": int(ci.ack_floor.stream_seq if ci.ack_floor else 0),
+            # For the failure message: pull requests waiting, copies redelivered.
+            "waiting": int(ci.num_waiting or 0),
+            "redelivered": int(ci.num_redelivered or 0),
         }
     finally:
         await nc.close()
@@ -291,7 +294,9 @@ def test_the_server_killed_9_and_restarted_mid_run(own_nats: NatsServer, tmp_pat
                 own_nats.start()  # … then back on the same port and store
             wait_for(lambda: len(committed(db)) >= n, timeout=120, step=0.2)
             drained(own_nats.url, empty=False)
-            assert all(proc.poll() is None for proc in cs.live), cs.stderr()  # they waited
+            # They waited for the server, none gave up.
+            ended = {proc.pid: proc.returncode for proc in cs.live if proc.poll() is not None}
+            assert not ended, f"ended during the outages: {ended}\n{cs.stderr()}"
             summaries = cs.stop()
         except BaseException:
             cs.abort()
