@@ -121,18 +121,20 @@ class Consumers:
         return "\n".join(p.read_text() for p in sorted(self.logs.glob("*.err")))[-4000:]
 
 
-def heartbeats(db: Path) -> set[int]:
-    """The pids of the consumers that have published their state in the ledger."""
+def heartbeats(db: Path, *, connected: bool = False) -> set[int]:
+    """The pids of the consumers that have published their state in the ledger (and,
+    with `connected`, said their connection to the server is up)."""
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     except sqlite3.OperationalError:
         return set()
     try:
-        return {int(r[0]) for r in conn.execute("SELECT pid FROM consumers")}
+        rows = conn.execute("SELECT pid, state FROM consumers").fetchall()
     except sqlite3.OperationalError:
         return set()
     finally:
         conn.close()
+    return {int(pid) for pid, st in rows if not connected or json.loads(st).get("connected")}
 
 
 def committed(db: Path) -> list[str]:
@@ -284,6 +286,15 @@ def test_the_server_killed_9_and_restarted_mid_run(own_nats: NatsServer, tmp_pat
         try:
             cs.start()
             cs.start()
+            # Both connected before the first outage: a consumer that cannot connect at
+            # its start exits 7 by design (a wrong URL must not wait forever); the test
+            # is about connections lost mid-run.
+            live = {proc.pid for proc in cs.live}
+            try:
+                wait_for(lambda: live <= heartbeats(db, connected=True), timeout=120, step=0.1)
+            except AssertionError:
+                ended = {proc.pid: proc.poll() for proc in cs.live}
+                raise AssertionError(f"not both connected: {ended} {heartbeats(db)}") from None
             for k in range(outages):
                 # Mid-run: after some commits, before the last.
                 target = (k + 1) * n // (outages + 2)
