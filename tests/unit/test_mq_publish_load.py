@@ -3,7 +3,7 @@
 The command is timed with its start-up (bench/mq_publish_rate.py), so its module
 must not load the consume side (the transport, its settling and preflight) for the
 one name it shares with it, the copy header. Files are read with os.open/fstat/read
-(`publisher._read`): the size is still checked before a byte is read, and a file
+(`message_files._read`): the size is still checked before a byte is read, and a file
 without one (a pipe) is read to its end, under the same limit.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from onceq._sources.amqp import publisher
+from onceq._sources import message_files
 from onceq._sources.amqp.copy_header import COPY_HEADER
 from onceq._sources.amqp.publisher import load_message, load_messages
 from onceq._sources.amqp.transport import COPY_HEADER as TRANSPORT_COPY_HEADER
@@ -57,7 +57,7 @@ def test_too_large_is_refused_before_it_is_read(
 ) -> None:
     p = tmp_path / "big.json"
     p.write_bytes(b'{"guid": "g"}' + b" " * 100)
-    monkeypatch.setattr(publisher, "MAX_BODY", 50)
+    monkeypatch.setattr(message_files, "MAX_BODY", 50)
     reads: list[int] = []
     real_read = os.read
     monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
@@ -90,7 +90,7 @@ def test_a_pipe_is_read_to_its_end_under_the_same_limit(
     assert load_message(fifo).body == body
     t.join()
     fifo.unlink()
-    monkeypatch.setattr(publisher, "MAX_BODY", 20)
+    monkeypatch.setattr(message_files, "MAX_BODY", 20)
     t = feed(body)
     with pytest.raises(BadMessage, match="too large"):
         load_message(fifo)

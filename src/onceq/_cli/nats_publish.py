@@ -10,7 +10,7 @@ from onceq._cli.nats import JSON_HELP, cli_url
 from onceq._cli.output import console, emit_json
 from onceq._core import loop as event_loop
 from onceq._core.fields import split_path as _split
-from onceq._sources.amqp.publisher import load_messages
+from onceq._sources.message_files import load_messages
 from onceq._sources.nats.publisher import check_subject
 from onceq._sources.nats.publisher import publish as do_publish
 from onceq.errors import Unroutable, UsageError

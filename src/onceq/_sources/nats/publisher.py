@@ -2,9 +2,9 @@
 
 The id (the JSON's id field) travels as Nats-Msg-Id: the stream drops a second copy
 of an id inside its duplicate window (the PubAck then says `duplicate`), and onceq's
-ledger refuses it beyond. The files are read and checked by the RabbitMQ publisher's
-loader (one rule for a message file on every broker): one unreadable, non-JSON or
-id-less file publishes nothing.
+ledger refuses it beyond. The files are read and checked by onceq._sources.message_files
+(one rule for a message file on every broker): one unreadable, non-JSON or id-less file
+publishes nothing.
 
 Each publish is a request answered by the stream's PubAck: a message counts once the
 stream stored it. Up to WINDOW requests are outstanding at once, so the socket stays
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from onceq._sources.amqp.publisher import Message
+from onceq._sources.message_files import Message
 from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.nats.names import subject_problem
 from onceq.errors import Unroutable, UsageError
