@@ -37,6 +37,7 @@ def _probe(argv: list[str]) -> str:
         (["run", "--until-empty", "flows.toml"], True),
         (["mq", "consume", "--claim", "http://x"], True),
         (["dirq", "consume", "q"], True),
+        (["nats", "consume", "--stream", "S"], True),  # any source's consume, by the rule
         (["dirq", "lag", "q"], False),
         (["mq", "topology"], False),
         (["status", "--watch"], False),

@@ -1,6 +1,6 @@
 """A stop signal that comes before a consume loop exists is kept, not fatal.
 
-`onceq run FILE`, `mq consume` and `dirq consume` handle SIGINT/SIGTERM on their
+`onceq run FILE` and every source's `consume` handle SIGINT/SIGTERM on their
 event loop (onceq._core.stop.Stop), but a loop exists only after the imports, the flow
 file, the telemetry port and asyncio's start: some tenths of a second in which a
 signal's default action would end the process (143 from a shell) whatever the
@@ -30,8 +30,11 @@ __all__ = [
     "take",
 ]
 
-# The commands whose exit code a stop signal decides (README's exit-code table).
-CONSUME_COMMANDS = (("run",), ("mq", "consume"), ("dirq", "consume"))
+# The commands whose exit code a stop signal decides (README's exit-code table): `run`
+# and every source's `consume` (`mq consume`, `dirq consume`, `nats consume` …). A
+# rule, not a list of groups: a new source's consume command is caught without a
+# change here.
+CONSUME_COMMANDS = (("run",), ("*", "consume"))
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _pending: list[int] = []
@@ -39,9 +42,12 @@ _caught: list[int] = []  # the signals this module handles now
 
 
 def command_consumes(argv: list[str]) -> bool:
-    """True for `onceq run …`, `onceq mq consume …`, `onceq dirq consume …`."""
+    """True for `onceq run …` and `onceq GROUP consume …` (mq, dirq, nats …)."""
     words = [a for a in argv if not a.startswith("-")]
-    return any(tuple(words[: len(c)]) == c for c in CONSUME_COMMANDS)
+    return any(
+        len(words) >= len(c) and all(w in ("*", x) for w, x in zip(c, words, strict=False))
+        for c in CONSUME_COMMANDS
+    )
 
 
 def catch_for_command() -> None:
