@@ -20,6 +20,7 @@ its rules silently.
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from onceq._ledger.migrate import V1_TABLES, V2_TABLES, V3_TABLES, migrate
@@ -83,10 +84,15 @@ def connect_or_create(path: str | Path, *, create: bool = True) -> tuple[sqlite3
         raise _cannot_open(p, exc) from exc
     try:
         # Checked before the first write (the WAL switch below writes a header): a file
-        # that is not our ledger is refused exactly as it was found.
+        # that is not our ledger is refused exactly as it was found. In one read
+        # transaction: the version and the tables from one snapshot, else a process
+        # creating the ledger at this moment shows us its tables with the old version
+        # (0: "a ledger of another schema").
+        conn.execute("BEGIN")
         state = _check_schema(conn, p, create=create)
+        conn.execute("COMMIT")
         # WAL lets readers (lag, report, the duplicate pre-check) run beside the writer.
-        conn.execute("PRAGMA journal_mode=WAL")
+        _to_wal(conn)
         # FULL: the commit is on disk before we move a file or ack a delivery.
         # NORMAL would make a power cut able to lose a commit whose file sits in done/.
         conn.execute("PRAGMA synchronous=FULL")
@@ -122,6 +128,26 @@ def _add_tables(conn: sqlite3.Connection) -> None:
 def _cannot_open(p: Path, exc: BaseException) -> LedgerError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return LedgerError(f"{p}: cannot open the ledger: {reason}")
+
+
+def _to_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (kept in the file: once one opener did, the rest find it).
+
+    A file still in rollback mode needs its exclusive lock for the switch, and while
+    another process creates the ledger SQLite may answer "database is locked" at once,
+    without waiting on its busy timeout (measured: 1 open in 180 when three processes
+    open a new ledger together). So the switch is asked again, for as long as the busy
+    timeout would have waited.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _check_schema(conn: sqlite3.Connection, p: Path, *, create: bool) -> str:
