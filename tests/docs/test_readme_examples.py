@@ -29,6 +29,7 @@ import pytest
 from doc_examples import DOCS, SKIPPED_SECTIONS, Example, examples
 
 from mq_support import queues
+from nats_server import NatsServer, own_nats  # noqa: F401
 from pg_cli import SECRET, with_secret
 from support import free_port
 
@@ -39,11 +40,17 @@ LINE_TIMEOUT_S = 120.0
 DOC_PORTS = ("9202", "9300")  # the claim stub's, the invoice partner's
 
 
-def _env(amqp_url: str, database_url: str | None = None) -> dict[str, str]:
+def _env(
+    amqp_url: str, database_url: str | None = None, nats_url: str | None = None
+) -> dict[str, str]:
     assert (VENV_BIN / "onceq").is_file(), f"{VENV_BIN}: no onceq here; install the project"
     env = {k: v for k, v in os.environ.items() if k not in ("EAI_MQ_DB", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     env["EAI_AMQP_URL"] = amqp_url
+    if nats_url is not None:
+        # The test's own server: the README's fixed stream names and 2-minute duplicate
+        # window on the shared one would make a second run within it publish nothing.
+        env["ONCEQ_NATS_URL"] = nats_url
     if database_url is not None:
         env["DATABASE_URL"] = database_url
     return env
@@ -104,6 +111,7 @@ def run_examples(
     amqp_url: str,
     database_url: str | None = None,
     replace: dict[str, str] | None = None,
+    nats_url: str | None = None,
 ) -> list[tuple[Example, str]]:
     """Run a document's examples in order; fails at the first one that misbehaves.
 
@@ -111,7 +119,7 @@ def run_examples(
     services, as the ports are (docs/deploy.md's database host → a temporary database).
     """
     todo, _ = examples(doc)
-    env = _env(amqp_url, database_url)
+    env = _env(amqp_url, database_url, nats_url)
     ports = {doc_port: free_port() for doc_port in DOC_PORTS}
     background: list[subprocess.Popen] = []
     ran: list[tuple[Example, str]] = []
@@ -172,8 +180,13 @@ def test_the_skipped_sections_are_the_declared_ones_and_still_exist() -> None:
         assert todo, f"{doc}: no ```sh example found (did the fence language change?)"
 
 
-def test_readme_examples_run_as_written(tmp_path: Path, amqp_url: str, pg_url: str) -> None:
-    ran = run_examples("README.md", tmp_path, amqp_url, with_secret(pg_url))
+def test_readme_examples_run_as_written(
+    tmp_path: Path,
+    amqp_url: str,
+    pg_url: str,
+    own_nats: NatsServer,  # noqa: F811
+) -> None:
+    ran = run_examples("README.md", tmp_path, amqp_url, with_secret(pg_url), nats_url=own_nats.url)
     out = {ex.line.split("#")[0].strip(): stdout for ex, stdout in ran}
     # What the prose around the examples promises, checked on the state they leave.
     q = tmp_path / "q"
