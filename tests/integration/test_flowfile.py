@@ -11,6 +11,7 @@ import pytest
 
 from cli_support import invoke
 from mq_support import cli, queues, topology
+from onceq._sources import registry
 from support import SAMPLE
 
 GOOD = """\
@@ -118,7 +119,10 @@ def test_every_mistake_is_one_line_of_its_own(tmp_path: Path) -> None:
     assert len(lines) == 3, lines
     assert any("flows.invoices.workers: must be an integer, not text" in x for x in lines)
     assert any("flows.invoices.http.duplicate: '1000'" in x for x in lines)
-    assert any('flows.b.source: must be "dirq" or "rabbitmq"' in x for x in lines)
+    # Every kind the registry knows is named, whatever kinds are registered.
+    kinds = registry.kinds()
+    named = '", "'.join(kinds[:-1]) + f'" or "{kinds[-1]}'
+    assert any(f"flows.b.source: must be \"{named}\", not 'kafka'" in x for x in lines), lines
 
 
 def test_a_toml_syntax_error_has_its_line(tmp_path: Path) -> None:

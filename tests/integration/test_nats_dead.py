@@ -81,7 +81,12 @@ def test_list_replay_purge(nats_names: Names, tmp_path: Path) -> None:
         assert json.loads(r.stdout)["requeued"] == 1
         assert p.stats()["by_id"]["INV-6"] == 4
 
+    # Without a terminal to ask on and without --yes: refused, nothing deleted.
     r = dead(nats_names, "purge", db, "--id", "INV-5")
+    assert r.returncode == 2 and "give --yes to delete without asking" in r.stderr, r.stderr
+    r = dead(nats_names, "list", db)
+    assert sorted(x["msg_id"] for x in json.loads(r.stdout)["letters"]) == ["INV-5", "INV-6"]
+    r = dead(nats_names, "purge", db, "--id", "INV-5", "--yes")
     assert r.returncode == 0 and json.loads(r.stdout)["purged"] == 1, r.stderr
     r = dead(nats_names, "list", db)
     assert [x["msg_id"] for x in json.loads(r.stdout)["letters"]] == ["INV-6"]
@@ -89,7 +94,7 @@ def test_list_replay_purge(nats_names: Names, tmp_path: Path) -> None:
         ops = conn.execute("SELECT transport, op, count FROM dead_ops ORDER BY id").fetchall()
     assert ops == [("nats", "replay", 1), ("nats", "purge", 1)]
     # A wrong --db creates nothing and says so.
-    r = dead(nats_names, "purge", tmp_path / "nope.db", "--all")
+    r = dead(nats_names, "purge", tmp_path / "nope.db", "--all", "--yes")
     assert r.returncode == 3 and not (tmp_path / "nope.db").exists()
 
 

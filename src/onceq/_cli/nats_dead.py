@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,12 @@ def _options(change: bool) -> Any:
 
 @click.group()
 def dead() -> None:
-    """A flow's dead letters: list them in place, replay them, purge them."""
+    """A flow's dead letters: list them in place, replay them, purge them.
+
+    \b
+    Example:
+      onceq nats dead list --stream INVOICES --durable worker --flow invoices --db ./nats.db
+    """
 
 
 def _go(action: str, values: dict[str, Any]) -> None:
@@ -56,6 +62,9 @@ def _go(action: str, values: dict[str, Any]) -> None:
         raise UsageError(f"nats dead {action}: give one of --all, --id ID or --reason R")
     if action == "list" and chosen > 1:
         raise UsageError("nats dead list: give at most one of --all, --id ID or --reason R")
+    yes = bool(values.get("yes"))
+    if action == "purge" and not (yes or values.get("dry_run") or sys.stdin.isatty()):
+        raise UsageError("purge: no terminal to confirm on; give --yes to delete without asking")
     url = cli_url()
     source = NatsSource(values["stream"], values["durable"], dead_subject=values["dead_subject"])
     problem = source.setup().problems()
@@ -80,6 +89,7 @@ def _go(action: str, values: dict[str, Any]) -> None:
                 ledger,
                 Selection(all_, ids, reason),
                 dry_run=bool(values.get("dry_run")),
+                confirm=None if action != "purge" or yes else _ask(source.stream),
             )
         )
     finally:
@@ -95,6 +105,8 @@ def _go(action: str, values: dict[str, Any]) -> None:
     n = len(report.letters)
     if action == "list":
         out.print(f"{n} dead letter(s)", markup=False)
+    elif report.declined:
+        out.print(f"purge declined: {n} dead letter(s) left", markup=False)
     elif report.dry_run:
         out.print(f"dry run: {action} would take {n} dead letter(s); nothing changed", markup=False)
     else:
@@ -102,10 +114,25 @@ def _go(action: str, values: dict[str, Any]) -> None:
         out.print(f"{action}ed {done} dead letter(s) (operation {report.op})", markup=False)
 
 
+def _ask(stream: str) -> Callable[[int], bool]:
+    def ask(n: int) -> bool:
+        return click.confirm(
+            f"delete {n} dead letter(s) of {stream} for good?", default=False, err=True
+        )
+
+    return ask
+
+
 @dead.command("list")
 @_options(change=False)
 def list_(**values: Any) -> None:
-    """The dead letters, read in place: sequence, id, reason, attempts."""
+    """The dead letters, read in place: sequence, id, reason, attempts.
+
+    \b
+    Example:
+      onceq nats dead list --stream INVOICES --durable worker --flow invoices --db ./nats.db
+      onceq nats dead list --stream INVOICES --durable worker --reason http-422 --json
+    """
     _go("list", values)
 
 
@@ -113,12 +140,28 @@ def list_(**values: Any) -> None:
 @_options(change=True)
 def replay(**values: Any) -> None:
     """Reset their attempts in the ledger, publish each back to the work subject
-    (PubAck awaited), then delete the dead letter."""
+    (PubAck awaited), then delete the dead letter.
+
+    \b
+    Example:
+      onceq nats dead replay --stream INVOICES --durable worker --db ./nats.db --id INV-6
+      onceq nats dead replay --stream INVOICES --durable worker --reason http-503 --dry-run
+    """
     _go("replay", values)
 
 
 @dead.command()
 @_options(change=True)
+@click.option("--yes", is_flag=True, help="Do not ask: delete (needed without a terminal).")
 def purge(**values: Any) -> None:
-    """Record their ids in the ledger's audit, then delete them."""
+    """Record their ids in the ledger's audit, then delete them.
+
+    Asks for confirmation (showing how many) unless --yes; without a terminal to
+    ask on and without --yes it refuses (exit 2) and deletes nothing.
+
+    \b
+    Example:
+      onceq nats dead purge --stream INVOICES --durable worker --reason http-422 --dry-run
+      onceq nats dead purge --stream INVOICES --durable worker --db ./nats.db --all --yes
+    """
     _go("purge", values)

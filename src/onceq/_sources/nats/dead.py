@@ -22,6 +22,7 @@ Purge records the ids it is about to delete (`record_purged`) before deleting th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ class DeadReport:
     purged: int = 0
     dry_run: bool = False
     op: int | None = None
+    declined: bool = False  # the purge's question was answered no: nothing changed
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +84,7 @@ class DeadReport:
             "replayed": self.replayed,
             "purged": self.purged,
             "dry_run": self.dry_run,
+            "declined": self.declined,
             "op": self.op,
         }
 
@@ -185,14 +188,21 @@ async def run(
     *,
     dry_run: bool = False,
     queue: Callable[[DeadStream], str] = lambda d: d.name,
+    confirm: Callable[[int], bool] | None = None,
 ) -> DeadReport:
-    """list | replay | purge the selected dead letters (see the module's docstring)."""
+    """list | replay | purge the selected dead letters (see the module's docstring).
+
+    `confirm(n)` is asked, once the n selected letters are counted, before anything
+    changes (None: yes); a no returns the report with `declined` set, nothing changed."""
     report = DeadReport(dry_run=dry_run)
     async with DeadStream(url, source) as dead:
         chosen = [x for x in await dead.letters() if selection.matches(x)]
         info = ledger.dead_info([x.msg_id for x in chosen if x.msg_id]) if ledger else {}
         report.letters = [_row(x, info.get(x.msg_id or "", {})) for x in chosen]
         if action == "list" or dry_run or not chosen:
+            return report
+        if confirm is not None and not await asyncio.to_thread(confirm, len(chosen)):
+            report.declined = True
             return report
         report.op = ledger.start_op(TRANSPORT, action, selection.as_filter(), queue(dead))
         try:
