@@ -19,14 +19,26 @@ check, nothing to start, the loop's defaults.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from onceq._core.stats import Stats
 from onceq._core.stop import Stop
 
-__all__ = ["Feed"]
+__all__ = ["DEFAULT_TIMEOUT", "BrokerFeed", "Feed", "call_grace"]
+
+DEFAULT_TIMEOUT = 10.0  # s: a call effect's timeout when the flow's effect has none
+
+
+def call_grace(flow: Any) -> float:
+    """How long a broker consumer's stop may take: one call's timeout plus the commit
+    and settle of what was in flight (RabbitMQ's and NATS's feeds)."""
+    value = getattr(flow.effect, "timeout", None)
+    timeout = float(value) if isinstance(value, int | float) else DEFAULT_TIMEOUT
+    return timeout + 5.0
 
 
 class Feed:
@@ -67,3 +79,55 @@ class Feed:
 
     async def aclose(self) -> None:
         """Let go of whatever `check` took (a broker connection)."""
+
+
+class BrokerFeed(Feed):
+    """A broker's consumer (RabbitMQ, NATS): it runs until its transport is stopped, and
+    a stop may take `grace` seconds to finish what is in flight.
+
+    Subclasses set `grace` (`call_grace(flow)`), `log`, `task_name` and `unsettled_go`
+    (where unfinished copies go, for the grace's warning).
+    """
+
+    log = logging.getLogger("onceq.consume")
+    task_name = "onceq-consumer"
+    unsettled_go = "they return to the queue"
+    grace = DEFAULT_TIMEOUT + 5.0
+
+    def __init__(self, transport: Any = None) -> None:
+        super().__init__(transport)
+        self.aborted = False  # a second signal cut the grace short
+
+    async def drive(self, consumer: Any, stop: Stop) -> Stats:
+        """Run the consumer until it ends or the stop; the grace bounds a stop's finishing.
+
+        A second signal is an operator who will not wait (`stop.abort`): stop at once.
+        Nothing is lost: unsettled copies return to the queue when the channel closes (a
+        NATS server redelivers them), and the ledger skips the ones whose record was
+        already durable.
+        """
+        run = asyncio.create_task(consumer.run(), name=self.task_name)
+        stop_wait = asyncio.create_task(self.transport.stopped.wait())
+        await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not run.done():
+            abort_wait = asyncio.create_task(stop.abort.wait())
+            await asyncio.wait(
+                [run, abort_wait], timeout=self.grace, return_when=asyncio.FIRST_COMPLETED
+            )
+            abort_wait.cancel()
+            if not run.done():
+                if not stop.abort.is_set():
+                    self.log.warning(
+                        "in-flight deliveries did not finish within %.0fs; %s",
+                        self.grace,
+                        self.unsettled_go,
+                        extra={"event": "grace-expired"},
+                    )
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                self.aborted = stop.abort.is_set()
+                stats: Stats = consumer.stats
+                return stats
+        result: Stats = run.result()  # raises the ledger's error, if it failed
+        return result

@@ -15,37 +15,28 @@ ledger skips it next time if it was already done.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from onceq._core.stats import Stats
-from onceq._core.stop import Stop
 from onceq._sources.amqp.topology import Topology
 from onceq._sources.amqp.transport import AmqpTransport
 from onceq._sources.amqp.url import amqp_url
-from onceq._sources.feed import Feed
+from onceq._sources.feed import BrokerFeed, call_grace
 
-__all__ = ["DEFAULT_TIMEOUT", "RabbitFeed", "grace"]
+__all__ = ["RabbitFeed"]
 
 log = logging.getLogger("onceq.amqp.consume")  # the name in every log line: kept across moves
 
-DEFAULT_TIMEOUT = 10.0
 
-
-def grace(flow: Any) -> float:
-    """How long stopping may take: one call's timeout plus the commit and settle."""
-    value = getattr(flow.effect, "timeout", None)
-    timeout = float(value) if isinstance(value, int | float) else DEFAULT_TIMEOUT
-    return timeout + 5.0
-
-
-class RabbitFeed(Feed):
+class RabbitFeed(BrokerFeed):
     """One consumer of the flow's RabbitMQ queue."""
 
     tag = "amqp"
+    log = log
+    task_name = "onceq-mq-consumer"
+    unsettled_go = "they return to the queue"
 
     def __init__(self, flow: Any, until_empty: bool) -> None:
         src = flow.source
@@ -71,8 +62,7 @@ class RabbitFeed(Feed):
         # once, so a slow partner sees prefetch calls in parallel.
         self.prefetch = src.prefetch
         self.max_group = max(src.prefetch, 1)
-        self.grace = grace(flow)
-        self.aborted = False  # a second signal cut the grace short
+        self.grace = call_grace(flow)
         self._closed = False
 
     def max_in_flight(self, calls: bool) -> int:
@@ -95,40 +85,6 @@ class RabbitFeed(Feed):
         # channel), so the grace covers everything a stop waits for.
         stopped: Callable[[], bool] = self.transport.stopped.is_set
         return stopped
-
-    async def drive(self, consumer: Any, stop: Stop) -> Stats:
-        """Run the consumer until it ends or the stop; the grace bounds a stop's finishing.
-
-        A second signal is an operator who will not wait (`stop.abort`): stop at once.
-        Nothing is lost: unsettled deliveries return to the queue when the channel
-        closes, and the ledger skips the ones whose record was already durable.
-        """
-        transport = self.transport
-        run = asyncio.create_task(consumer.run(), name="onceq-mq-consumer")
-        stop_wait = asyncio.create_task(transport.stopped.wait())
-        await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not run.done():
-            abort_wait = asyncio.create_task(stop.abort.wait())
-            await asyncio.wait(
-                [run, abort_wait], timeout=self.grace, return_when=asyncio.FIRST_COMPLETED
-            )
-            abort_wait.cancel()
-            if not run.done():
-                if not stop.abort.is_set():
-                    log.warning(
-                        "in-flight deliveries did not finish within %.0fs; they return to %s",
-                        self.grace,
-                        "the queue",
-                        extra={"event": "grace-expired"},
-                    )
-                run.cancel()
-                await asyncio.gather(run, return_exceptions=True)
-                self.aborted = stop.abort.is_set()
-                stats: Stats = consumer.stats
-                return stats
-        result: Stats = run.result()  # raises the ledger's error, if it failed
-        return result
 
     def report(self) -> dict[str, Any]:
         # Drained only if the transport saw the queue empty: a stop (signal, deadline)

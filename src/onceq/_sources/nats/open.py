@@ -13,36 +13,27 @@ skips it next time if it was already done.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from onceq._core.stats import Stats
-from onceq._core.stop import Stop
-from onceq._sources.feed import Feed
+from onceq._sources.feed import BrokerFeed, call_grace
 from onceq._sources.nats.names import nats_url
 from onceq._sources.nats.transport import NatsTransport
 
-__all__ = ["NatsFeed", "grace"]
+__all__ = ["NatsFeed"]
 
 log = logging.getLogger("onceq.nats.consume")
 
-DEFAULT_TIMEOUT = 10.0
 
-
-def grace(flow: Any) -> float:
-    """How long stopping may take: one call's timeout plus the commit and settle."""
-    value = getattr(flow.effect, "timeout", None)
-    timeout = float(value) if isinstance(value, int | float) else DEFAULT_TIMEOUT
-    return timeout + 5.0
-
-
-class NatsFeed(Feed):
+class NatsFeed(BrokerFeed):
     """One consumer of the flow's durable pull consumer."""
 
     tag = "nats"
+    log = log
+    task_name = "onceq-nats-consumer"
+    unsettled_go = "the server redelivers them"
 
     def __init__(self, flow: Any, until_empty: bool) -> None:
         src = flow.source
@@ -60,8 +51,7 @@ class NatsFeed(Feed):
         # The loop handles as many copies at once as one pull may bring.
         self.prefetch = src.prefetch
         self.max_group = max(src.prefetch, 1)
-        self.grace = grace(flow)
-        self.aborted = False
+        self.grace = call_grace(flow)
         self._closed = False
 
     def max_in_flight(self, calls: bool) -> int:
@@ -81,39 +71,6 @@ class NatsFeed(Feed):
     def stopped(self) -> Callable[[], bool] | None:
         stopped: Callable[[], bool] = self.transport.stopped.is_set
         return stopped
-
-    async def drive(self, consumer: Any, stop: Stop) -> Stats:
-        """Run the consumer until it ends or the stop; the grace bounds a stop's finishing.
-
-        A second signal (`stop.abort`) stops at once: unsettled copies are redelivered
-        by the server, and the ledger skips those whose record was already durable.
-        """
-        transport = self.transport
-        run = asyncio.create_task(consumer.run(), name="onceq-nats-consumer")
-        stop_wait = asyncio.create_task(transport.stopped.wait())
-        await asyncio.wait([run, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not run.done():
-            abort_wait = asyncio.create_task(stop.abort.wait())
-            await asyncio.wait(
-                [run, abort_wait], timeout=self.grace, return_when=asyncio.FIRST_COMPLETED
-            )
-            abort_wait.cancel()
-            if not run.done():
-                if not stop.abort.is_set():
-                    log.warning(
-                        "in-flight deliveries did not finish within %.0fs; the server"
-                        " redelivers them",
-                        self.grace,
-                        extra={"event": "grace-expired"},
-                    )
-                run.cancel()
-                await asyncio.gather(run, return_exceptions=True)
-                self.aborted = stop.abort.is_set()
-                stats: Stats = consumer.stats
-                return stats
-        result: Stats = run.result()
-        return result
 
     def report(self) -> dict[str, Any]:
         return {
