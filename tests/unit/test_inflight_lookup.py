@@ -172,3 +172,28 @@ def test_lost_guard_connection_leaves_the_check_to_the_loop(probed: str) -> None
             await g.aclose()
 
     asyncio.run(go())
+
+
+def test_a_session_that_cannot_set_itself_up_grants_unguarded_not_never(
+    probed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's session setup (SET, CREATE FUNCTION in pg_temp) is bounded like its
+    queries: a setup that waits (a catalog lock) makes the connection count as away —
+    the claim is granted unguarded at once — never a batch whose claims wait for ever."""
+
+    async def stuck(conn: object) -> bool:
+        await asyncio.sleep(3600)
+        return True
+
+    monkeypatch.setattr(pg_guard, "make_claim_fn", stuck)
+    monkeypatch.setattr(pg_guard, "QUERY_TIMEOUT_S", 0.3)
+
+    async def go() -> None:
+        g = PgGuard(probed, FLOW, lookup=True)
+        try:
+            answer = await asyncio.wait_for(g.claim("m1"), 10)
+            assert answer is None and g.unguarded == 1
+        finally:
+            await g.aclose()
+
+    asyncio.run(go())

@@ -330,15 +330,16 @@ class PgGuard:
         try:
             conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
             try:
-                # LOOKUP_SQL's correctness needs a snapshot per statement: whatever the
-                # server's default_transaction_isolation, this session reads committed.
-                await conn.execute("SET default_transaction_isolation = 'read committed'")
-                self._fn = self.lookup and await make_claim_fn(conn)
+                # Bounded as every query of the guard: a session that cannot set itself
+                # up (CREATE FUNCTION waiting on a catalog lock, a server that stopped
+                # answering) is a connection away, never a batch whose claims wait for
+                # ever. connect_timeout bounds only the connect.
+                self._fn = await asyncio.wait_for(self._set_up(conn), QUERY_TIMEOUT_S)
             except BaseException:
                 await conn.close()
                 raise
             self._conn = conn
-        except psycopg.Error as exc:
+        except (psycopg.Error, TimeoutError) as exc:
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
             if self._down_since is None:
@@ -354,6 +355,12 @@ class PgGuard:
             )
             self._down_since = None
         return self._conn
+
+    async def _set_up(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        # LOOKUP_SQL's correctness needs a snapshot per statement: whatever the
+        # server's default_transaction_isolation, this session reads committed.
+        await conn.execute("SET default_transaction_isolation = 'read committed'")
+        return self.lookup and await make_claim_fn(conn)
 
     async def _lost(self, exc: BaseException) -> None:
         # The session is gone, and its locks with it: nothing of ours is held now.
