@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -72,3 +74,25 @@ def test_dirq_lag_imports_neither_the_runner_nor_asyncio_sqlite_or_rich() -> Non
     loaded = set(out.stdout.split())
     assert "onceq._cli.dirq_consume" not in loaded
     assert loaded & {"asyncio", "sqlite3", "aio_pika", "aiormq", "rich", "psycopg"} == set()
+
+
+def test_a_directory_queue_run_imports_no_other_source_nor_psycopg(tmp_path: Path) -> None:
+    # A short batch's start-up is part of what it costs: a dirq run used to import
+    # every built-in source's package (aio-pika's modules among them) to find its
+    # own type, and the orders preset's first commit imported psycopg.
+    code = (
+        "import sys\nfrom onceq._cli import main\ntry:\n"
+        f"    main(['dirq', 'consume', {str(tmp_path / 'q')!r}, '--json'])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(' '.join(sys.modules))"
+    )
+    queue = tmp_path / "q"
+    subprocess.run([sys.executable, "-m", "onceq", "dirq", "init", str(queue)], check=True)
+    for i in range(3):
+        doc = {"msg_id": f"m-{i}", "order_no": "o-1", "seq": i, "amount": 1.5}
+        (queue / "inbox" / f"m-{i}.json").write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout[: out.stdout.rindex("}") + 1])["processed"] == 3
+    loaded = set(out.stdout.splitlines()[-1].split())
+    others = {"onceq._sources.amqp", "onceq._sources.nats", "aio_pika", "aiormq", "nats"}
+    assert loaded & (others | {"psycopg", "onceq._ledger.pg"}) == set()

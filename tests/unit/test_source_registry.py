@@ -77,7 +77,7 @@ def testq() -> Any:
     t = registry.register(TestQType())
     yield t
     registry._loaded.pop("testq", None)
-    registry._order.remove("testq")
+    registry._extra.remove("testq")
 
 
 def write(tmp_path: Path, text: str) -> Path:
