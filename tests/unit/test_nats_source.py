@@ -75,6 +75,15 @@ def test_each_mistake_is_one_line_naming_its_key(tmp_path: Path, lines: str, wan
     assert wanted in str(err.value)
 
 
+def test_a_key_two_kinds_take_is_one_line_naming_both(tmp_path: Path) -> None:
+    path = write(tmp_path, '[flows.f]\nsource = "dirq"\npath = "q"\nprefetch = 5\n')
+    with pytest.raises(FlowFileError) as err:
+        load_flows(path)
+    lines = [line for line in str(err.value).splitlines() if "prefetch" in line]
+    assert len(lines) == 1, lines
+    assert "flows.f.prefetch: is for a rabbitmq or nats source, not a dirq one" in lines[0]
+
+
 def test_the_url_password_is_never_shown(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -50,9 +50,15 @@ def build(name: str, t: dict[str, Any], where: str, base: Path, m: Mistakes) -> 
         if stype is None or not stype.public:
             m.add(f"{where}.source", f"must be {_one_of(registry.kinds())}, not {kind!r}")
         else:
-            for other in registry.types():  # another source's key: the wrong source, named
-                for k in sorted((other.file_keys - stype.file_keys) & t.keys()):
-                    m.add(f"{where}.{k}", f"is for a {other.kind} source, not a {kind} one")
+            # Another source's key: the wrong source, named. One line per key, however
+            # many kinds take it (a broker's `prefetch` is RabbitMQ's and NATS's).
+            owners: dict[str, list[str]] = {}
+            for other in registry.types():
+                for k in (other.file_keys - stype.file_keys) & t.keys():
+                    owners.setdefault(k, []).append(other.kind)
+            for k in sorted(owners):
+                kinds = " or ".join(owners[k])
+                m.add(f"{where}.{k}", f"is for a {kinds} source, not a {kind} one")
             source = stype.from_table(t, where, base, m)
     spec = spec_of(t, m, where)
     effect = effect_of(t, m, where, base)
