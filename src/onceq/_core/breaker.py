@@ -11,7 +11,7 @@ partner is down; K different messages failing in a row does. A success (or any
 answer that is not a transient failure) ends the streak.
 
 Why the held messages spend no attempt: they were never tried. They go back to the
-queue (Settle.RELEASE), nothing is recorded, and a message never reaches its dead
+queue (RELEASE), nothing is recorded, and a message never reaches its dead
 letter because a partner was down while it waited.
 
 Why the probe spends one: it is a real call, recorded like any other. Were it free,
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from onceq._core.retry import BreakerPolicy
-from onceq._core.transport import Kind
+from onceq._core.transport import TRANSIENT
 
 if TYPE_CHECKING:
     from onceq._core.consumer import Outcome
@@ -111,7 +111,7 @@ class Breaker:
 
     def record(self, msg_id: str | None, outcome: Outcome) -> None:
         """The outcome of a call the loop made (SUCCESS, REJECTED or TRANSIENT)."""
-        transient = outcome.kind is Kind.TRANSIENT
+        transient = outcome.kind is TRANSIENT
         if self._state == HALF_OPEN and msg_id == self._probe_id:
             self._probe_id = None
             if transient:

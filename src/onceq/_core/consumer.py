@@ -51,7 +51,15 @@ from onceq._core.misconfig import GUARD_HELD, MisconfigGuard
 from onceq._core.outcome import Decoder, Handler, Outcome, decode_safely, no_effect
 from onceq._core.retry import BreakerPolicy, RetryPolicy
 from onceq._core.stats import COUNTS, Stats
-from onceq._core.transport import Delivery, Kind, Transport
+from onceq._core.transport import (
+    DUPLICATE,
+    HELD,
+    REJECTED,
+    SUCCESS,
+    TRANSIENT,
+    Delivery,
+    Transport,
+)
 from onceq.errors import LedgerUnavailable
 
 __all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_effect"]
@@ -233,7 +241,7 @@ class Consumer:
         handed = False  # to the committer, which gives the lease, turn and slot back
         try:
             decoded = decode_safely(self.decode, d)
-            if decoded.kind is Kind.SUCCESS:
+            if decoded.kind is SUCCESS:
                 assert d.msg_id is not None, "a decoder that succeeds sets delivery.msg_id"
                 if not self._turns.try_take(d.msg_id):  # a twin of this process holds it
                     await self._turns.take(d.msg_id)
@@ -283,7 +291,7 @@ class Consumer:
         away); None when stopped. `checked`: the guard's duplicate check, if it did one."""
         assert d.msg_id is not None
         if self.guard is not None and self.guard.stopped:
-            return Outcome(Kind.HELD, GUARD_HELD)  # no call after the guard's stop
+            return Outcome(HELD, GUARD_HELD)  # no call after the guard's stop
         # Both ledgers answer one tick's checks together (PostgreSQL: one round trip).
         while checked is None:
             try:
@@ -293,18 +301,18 @@ class Consumer:
                 # transport paused until the ledger answers (onceq._core.holds).
                 self.holds.ledger_lost(exc)
                 if self.holds.pausable:
-                    return Outcome(Kind.HELD, "ledger-unavailable")
+                    return Outcome(HELD, "ledger-unavailable")
                 if not await self.holds.ledger_back():
                     return None
         if checked.ref is not None:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
-            return Outcome(Kind.DUPLICATE, fields=decoded.fields)
+            return Outcome(DUPLICATE, fields=decoded.fields)
         if self._stopped:  # while the check was answered: no new call after a stop
             return None
         breaker = self.breaker
         if breaker is not None and not breaker.closed and not await self.holds.allowed(d.msg_id):
-            return None if self._stopped else Outcome(Kind.HELD, "breaker-open")
+            return None if self._stopped else Outcome(HELD, "breaker-open")
         timed = self.hooks.call_ended  # an empty list costs one check, as no watcher
         started = time.perf_counter() if timed else 0.0
         try:
@@ -331,7 +339,7 @@ class Consumer:
         if guard.stopped:  # here, or by a sibling process: take nothing more
             if not self.stats.misconfigured:
                 self._guard_stop(guard)
-            return o if called else Outcome(Kind.HELD, GUARD_HELD)
+            return o if called else Outcome(HELD, GUARD_HELD)
         if guard.feed(o.kind, o.reason, o.detail, d.body):
             self._guard_stop(guard)
         return o
@@ -343,7 +351,7 @@ class Consumer:
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
         attempt = 1
-        if o.kind in (Kind.REJECTED, Kind.TRANSIENT) and d.msg_id is not None:
+        if o.kind in (REJECTED, TRANSIENT) and d.msg_id is not None:
             try:
                 attempt = self.ledger.failed_attempts(d.msg_id) + 1
             except LedgerUnavailable as exc:
@@ -351,7 +359,7 @@ class Consumer:
                 # given back unrecorded (it comes back and is tried again: at worst a
                 # second call for a failure) rather than decided on a guess.
                 self.holds.ledger_lost(exc)
-                o = Outcome(Kind.HELD, "ledger-unavailable")
+                o = Outcome(HELD, "ledger-unavailable")
         settle, d.delay = self.retry.decide(o.kind, attempt, o.retry_after)
         return Entry(
             d,
@@ -382,7 +390,7 @@ class Consumer:
             faults.hit("before-commit")
             # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
             # A group of held copies only has nothing to record: no transaction.
-            if any(e.kind is not Kind.HELD for e in group):
+            if any(e.kind is not HELD for e in group):
                 await asyncio.to_thread(self.ledger.commit, group)
             faults.hit("after-commit-before-settle")  # the window recovery exists for
             # Settle only now: the records are durable.

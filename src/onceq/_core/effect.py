@@ -24,7 +24,7 @@ from typing import Any
 from onceq._core.logs import FLOW
 from onceq._core.outcome import Outcome
 from onceq._core.retry import RETRY_AFTER_CAP, parse_duration
-from onceq._core.transport import Kind
+from onceq._core.transport import REJECTED, SUCCESS, TRANSIENT
 from onceq.errors import UsageError, redact_text
 
 DETAIL_MAX = 200  # failure rows stay short
@@ -111,12 +111,12 @@ class PythonEffect:
         except asyncio.CancelledError:
             raise
         except Reject as exc:
-            return Outcome(Kind.REJECTED, "rejected", _short(str(exc)))
+            return Outcome(REJECTED, "rejected", _short(str(exc)))
         except Retry as exc:
-            return Outcome(Kind.TRANSIENT, "retry", _short(str(exc)), retry_after=exc.after)
+            return Outcome(TRANSIENT, "retry", _short(str(exc)), retry_after=exc.after)
         except Exception as exc:  # a bug in the user's function is that message's, not the run's
-            return Outcome(Kind.TRANSIENT, "internal-error", _short(f"{type(exc).__name__}: {exc}"))
-        return Outcome(Kind.SUCCESS, fields=fields)
+            return Outcome(TRANSIENT, "internal-error", _short(f"{type(exc).__name__}: {exc}"))
+        return Outcome(SUCCESS, fields=fields)
 
     async def aclose(self) -> None:
         """Nothing to close (the same shape as HttpEffect's)."""
@@ -157,7 +157,7 @@ def effect_raised(
     log.debug(
         "the traceback of message %s", msg, exc_info=exc, extra={"event": RAISED_EVENTS[reason]}
     )
-    return Outcome(Kind.REJECTED if config else Kind.TRANSIENT, reason, what)
+    return Outcome(REJECTED if config else TRANSIENT, reason, what)
 
 
 def _is_async(function: Any) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq._core.retry import RetryPolicy
-from onceq._core.transport import Delivery, Kind, Settle
+from onceq._core.transport import DEAD, REJECTED, Delivery, Kind, Settle
 
 __all__ = ["Entry"]
 
@@ -49,5 +49,5 @@ class Entry:
 
     def _refuse(self, detail: str) -> None:
         """The ledger cannot record this success: it becomes a dead letter, with why."""
-        self.kind, self.settle, self.recovered = Kind.REJECTED, Settle.DEAD, False
+        self.kind, self.settle, self.recovered = REJECTED, DEAD, False
         self.reason, self.detail = "ledger-refused", detail

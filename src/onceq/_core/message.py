@@ -71,7 +71,7 @@ from onceq._core.fields import (
 from onceq._core.fields import FieldPath as Path
 from onceq._core.fields import split_path as _split
 from onceq._core.outcome import Outcome
-from onceq._core.transport import Delivery, Kind
+from onceq._core.transport import REJECTED, SUCCESS, Delivery
 from onceq._core.values import CONTROL_CHARS, is_utf8
 from onceq.errors import UsageError, redact_text
 
@@ -94,7 +94,7 @@ def _utf8_sig(body: bytes) -> str:
 
 
 def _reject(reason: str, detail: str = "") -> Outcome:
-    return Outcome(Kind.REJECTED, reason, detail)
+    return Outcome(REJECTED, reason, detail)
 
 
 def _short(value: object) -> str:
@@ -283,7 +283,7 @@ class MessageSpec:
             msg_id = str(value)
         delivery.msg_id = msg_id
         seq = None if self._seq is None else get(self._seq)
-        return Outcome(Kind.SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
+        return Outcome(SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
 
     def _decode_all(self, delivery: Delivery) -> Outcome:
         """Every check in its order, each refusal in its words (`decode`'s full path)."""
@@ -351,7 +351,7 @@ class MessageSpec:
             )
             seq = None if seq is _ABSENT else seq
         delivery.msg_id = msg_id
-        return Outcome(Kind.SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
+        return Outcome(SUCCESS, fields={"group": group, "seq": seq, "kept": kept, "doc": doc})
 
     def _property_id(self, delivery: Delivery, doc: dict[str, Any]) -> str | Outcome:
         """The message_id property, else the id field (RabbitMQ's rules of 0.1.0)."""

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceq._core.transport import Delivery, Kind
+from onceq._core.transport import REJECTED, SUCCESS, Delivery, Kind
 from onceq._core.values import is_utf8
 from onceq.errors import redact_text
 
@@ -46,7 +46,7 @@ Handler = Callable[[Delivery, dict[str, Any]], Awaitable[Outcome]]
 
 async def no_effect(delivery: Delivery, fields: dict[str, Any]) -> Outcome:
     """Handler for queues whose effect is the ledger row itself."""
-    return Outcome(Kind.SUCCESS, fields=fields)
+    return Outcome(SUCCESS, fields=fields)
 
 
 def decode_safely(decode: Decoder, d: Delivery) -> Outcome:
@@ -60,7 +60,7 @@ def decode_safely(decode: Decoder, d: Delivery) -> Outcome:
     every later step looks it up.
     """
     if d.refused is not None:  # the transport could not read it faithfully
-        return Outcome(Kind.REJECTED, *d.refused)
+        return Outcome(REJECTED, *d.refused)
     try:
         outcome = decode(d)
     except Exception as exc:
@@ -75,8 +75,8 @@ def decode_safely(decode: Decoder, d: Delivery) -> Outcome:
         log.debug("the decoder's traceback on %s", d.ref, exc_info=exc,
                   extra={"event": "decoder-failed"})  # fmt: skip
         d.msg_id = None  # whatever it set before failing is not a checked id
-        return Outcome(Kind.REJECTED, "internal-error", f"decode: {type(exc).__name__}")
+        return Outcome(REJECTED, "internal-error", f"decode: {type(exc).__name__}")
     if isinstance(d.msg_id, str) and not is_utf8(d.msg_id):
         d.msg_id = None
-        return Outcome(Kind.REJECTED, "encoding", "msg_id holds a lone surrogate")
+        return Outcome(REJECTED, "encoding", "msg_id holds a lone surrogate")
     return outcome

@@ -24,7 +24,19 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onceq._core.transport import Kind, Settle
+from onceq._core.transport import (
+    ACK,
+    DEAD,
+    DELAY,
+    DUPLICATE,
+    HELD,
+    REJECTED,
+    RELEASE,
+    REQUEUE,
+    SUCCESS,
+    Kind,
+    Settle,
+)
 from onceq.errors import UsageError
 
 # The default tiers: short enough that a blip of a few seconds costs 5 s, long enough
@@ -136,20 +148,20 @@ class RetryPolicy:
         shorter: an immediate retry becomes a delay, and the delay is the first tier
         at least that long (the longest tier when none is; it never adds attempts).
         """
-        if kind in (Kind.SUCCESS, Kind.DUPLICATE):
-            return Settle.ACK, 0.0
-        if kind is Kind.HELD:
-            return Settle.RELEASE, 0.0
-        if kind is Kind.REJECTED or attempt >= self.max_attempts:
-            return Settle.DEAD, 0.0
+        if kind in (SUCCESS, DUPLICATE):
+            return ACK, 0.0
+        if kind is HELD:
+            return RELEASE, 0.0
+        if kind is REJECTED or attempt >= self.max_attempts:
+            return DEAD, 0.0
         tier = attempt - 1 - self.immediate  # index of the tier this failure goes to
         if retry_after and retry_after > 0 and self.delays:
             tier = max(tier, 0)
             while tier < len(self.delays) - 1 and self.delays[tier] < retry_after:
                 tier += 1
         if tier < 0:
-            return Settle.REQUEUE, 0.0
-        return Settle.DELAY, self.delays[tier]
+            return REQUEUE, 0.0
+        return DELAY, self.delays[tier]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceq._core.entry import Entry
-from onceq._core.transport import Kind, Settle
+from onceq._core.transport import DELAY, DUPLICATE, RELEASE, REQUEUE, SUCCESS
 
 # The counters a summary reports, in the order it reports them.
 COUNTS = (
@@ -44,13 +44,13 @@ def outcome_of(e: Entry) -> str:
     """The Stats counter a settled entry adds to (a key of OUTCOMES)."""
     if e.recovered:
         return "recovered"
-    if e.kind is Kind.SUCCESS:
+    if e.kind is SUCCESS:
         return "partner_duplicates" if e.fields.get("partner_duplicate") else "processed"
-    if e.kind is Kind.DUPLICATE:
+    if e.kind is DUPLICATE:
         return "duplicates"
-    if e.settle is Settle.RELEASE:
+    if e.settle is RELEASE:
         return "held"
-    if e.settle in (Settle.REQUEUE, Settle.DELAY):
+    if e.settle in (REQUEUE, DELAY):
         return "requeued"
     return "dead"
 

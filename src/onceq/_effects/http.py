@@ -55,6 +55,8 @@ from onceq._effects.http_headers import request_headers
 from onceq.errors import UsageError, redact_text
 
 SUCCESS, DUPLICATE, REJECT, TRANSIENT = "success", "duplicate", "reject", "transient"
+# Kind.SUCCESS as a global: read per call (onceq._core.transport, above ACK).
+_SUCCEEDED = Kind.SUCCESS
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 StatusList = Iterable[int | str]
@@ -327,9 +329,9 @@ class HttpEffect:
         except aiohttp.ClientError as exc:
             return Outcome(Kind.TRANSIENT, "http-error", self._short(exc))
         if role == SUCCESS:
-            return Outcome(Kind.SUCCESS, fields=fields)
+            return Outcome(_SUCCEEDED, fields=fields)
         if role == DUPLICATE:
-            return Outcome(Kind.SUCCESS, fields={**fields, "partner_duplicate": True})
+            return Outcome(_SUCCEEDED, fields={**fields, "partner_duplicate": True})
         if role == REJECT:
             return Outcome(Kind.REJECTED, f"http-{status}", self._short(text))
         return Outcome(Kind.TRANSIENT, f"http-{status}", self._short(text), retry_after=after)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceq._core.effect import SqlEffect
 from onceq._core.entry import Entry
-from onceq._core.transport import Kind
+from onceq._core.transport import DUPLICATE, REJECTED, SUCCESS, TRANSIENT
 from onceq._ledger import sql_step
 from onceq._ledger.ops import utcnow
 from onceq._ledger.rows import Tx, failure_recorded, record_duplicate, record_failure
@@ -67,7 +67,7 @@ class GroupCommit(ABC):
         now = utcnow()
         entries = list(entries)
         for e in entries:
-            if e.kind is Kind.SUCCESS:
+            if e.kind is SUCCESS:
                 # Built once here, checked as it is built: one message's value that the
                 # database cannot bind (an int over 64 bits, a lone surrogate, a NUL on
                 # PostgreSQL) would fail the whole group, so it is refused alone.
@@ -110,19 +110,19 @@ class GroupCommit(ABC):
             self._write_entries(tx, [e], now)  # its failure row: every text in it is made safe
 
     def _write_entries(self, tx: Tx, entries: list[Entry], now: str) -> None:
-        won, lost = self._insert_rows(tx, [e for e in entries if e.kind is Kind.SUCCESS])
+        won, lost = self._insert_rows(tx, [e for e in entries if e.kind is SUCCESS])
         sql_step.apply(self, tx, won)
-        if lost and any(w.kind is not Kind.SUCCESS for w in won):
+        if lost and any(w.kind is not SUCCESS for w in won):
             # A second copy in this group lost to a winner whose effect then failed:
             # it took no effect either, so it shares the verdict (never acked as done).
-            failed = {w.delivery.msg_id: w for w in won if w.kind is not Kind.SUCCESS}
+            failed = {w.delivery.msg_id: w for w in won if w.kind is not SUCCESS}
             for e in lost:
                 if (w := failed.get(e.delivery.msg_id)) is not None:
                     sql_step.same_verdict(e, w)
         for e in entries:
-            if e.kind is Kind.DUPLICATE:
+            if e.kind is DUPLICATE:
                 record_duplicate(tx, self.flow, self.source, e, now)
-            elif e.kind in (Kind.REJECTED, Kind.TRANSIENT):
+            elif e.kind in (REJECTED, TRANSIENT):
                 if failure_recorded(tx, self.flow, self.source, e):
                     e.recovered = True
                 else:

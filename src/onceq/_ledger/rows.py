@@ -19,7 +19,7 @@ from json.encoder import encode_basestring as _json_str
 from typing import Any, Protocol, TypeVar
 
 from onceq._core.entry import Entry
-from onceq._core.transport import Kind, Settle
+from onceq._core.transport import ACK, DEAD, DELAY, DUPLICATE, REJECTED, REQUEUE
 from onceq._core.values import INT64_MAX, INT64_MIN, is_utf8, text, unstorable
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ def record_successes(conn: Tx, group: list[Entry]) -> tuple[list[Entry], list[En
             if key in back:
                 won.append(e)
             else:  # the primary key refused a second copy
-                e.kind, e.settle = Kind.DUPLICATE, Settle.ACK
+                e.kind, e.settle = DUPLICATE, ACK
                 lost.append(e)
     return won, lost
 
@@ -220,12 +220,12 @@ def record_success(conn: Tx, e: Entry, won: list[Entry], lost: list[Entry]) -> N
     except sqlite3.IntegrityError as exc:
         if not conn.in_transaction:
             raise
-        e.kind, e.settle = Kind.REJECTED, Settle.DEAD
+        e.kind, e.settle = REJECTED, DEAD
         e.reason, e.detail = "ledger-refused", str(exc)
         return
     if row is None:  # the primary key refused a second copy
-        e.kind = Kind.DUPLICATE
-        e.settle = Settle.ACK
+        e.kind = DUPLICATE
+        e.settle = ACK
         lost.append(e)
     else:
         won.append(e)
@@ -285,7 +285,7 @@ def record_duplicate(conn: Tx, flow: str, source: str, e: Entry, now: str) -> No
 
 
 # failures.action: what the failure led to.
-ACTIONS = {Settle.REQUEUE: "requeue", Settle.DELAY: "delay", Settle.DEAD: "dead"}
+ACTIONS = {REQUEUE: "requeue", DELAY: "delay", DEAD: "dead"}
 
 # The most of a failure's detail that is stored, in characters. One message makes at
 # most max_attempts rows per replay, so with the cap nothing one message does (a

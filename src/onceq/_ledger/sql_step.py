@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from onceq._core.effect import Reject, Retry
 from onceq._core.entry import Entry
 from onceq._core.retry import RetryPolicy
-from onceq._core.transport import Kind
+from onceq._core.transport import REJECTED, SUCCESS, TRANSIENT, Kind
 
 if TYPE_CHECKING:
     from onceq._ledger.commit import GroupCommit
@@ -52,7 +52,7 @@ def apply(ledger: GroupCommit, tx: Tx, won: list[Entry]) -> None:
     if sql.bulk is not None:
         ledger._run_bulk(tx, sql, won)
     function = sql.function
-    todo = [e for e in won if e.kind is Kind.SUCCESS] if function is not None else []
+    todo = [e for e in won if e.kind is SUCCESS] if function is not None else []
     if function is None or not todo:
         return
     with ledger._effects_guarded(tx):
@@ -91,10 +91,10 @@ def verdict(exc: Exception, rejects: tuple[type[Exception], ...] = ()) -> tuple[
     """(kind, reason, detail) of an exception raised by a SQL effect's function;
     `rejects`: the driver's integrity errors (a business row's constraint)."""
     if isinstance(exc, (Reject, *rejects)):
-        return Kind.REJECTED, "sql-rejected", short(str(exc) or "rejected")
+        return REJECTED, "sql-rejected", short(str(exc) or "rejected")
     if isinstance(exc, Retry):
-        return Kind.TRANSIENT, "retry", short(str(exc))
-    return Kind.TRANSIENT, "sql-error", short(f"{type(exc).__name__}: {exc}")
+        return TRANSIENT, "retry", short(str(exc))
+    return TRANSIENT, "sql-error", short(f"{type(exc).__name__}: {exc}")
 
 
 def short(text: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from onceq._core import faults
 from onceq._core.retry import delay_label
-from onceq._core.transport import SETTLE_VERBS, Delivery, Settle
+from onceq._core.transport import ACK, DEAD, DELAY, REQUEUE, SETTLE_VERBS, Delivery, Settle
 from onceq._sources.amqp.copy_cause import Failure, words
 from onceq._sources.amqp.received import Received
 from onceq._sources.amqp.retry import publish_copy
@@ -44,7 +44,7 @@ class Settling:
     async def settle(self, group: Sequence[tuple[Delivery, Settle, str]]) -> None:
         # DELAY: every copy of the group is published (confirms awaited together), and
         # only then is any original acked: never acked before its copy is confirmed.
-        delays = [d for d, decision, _ in group if decision is Settle.DELAY]
+        delays = [d for d, decision, _ in group if decision is DELAY]
         failed: dict[int, Failure] = {}
         if delays:
             results = await asyncio.gather(*(self._publish_copy(d) for d in delays))
@@ -54,7 +54,7 @@ class Settling:
         acks: list[tuple[Delivery, Settle]] = []
         for delivery, decision, _reason in group:
             why = failed.get(id(delivery))
-            if decision is Settle.ACK or (decision is Settle.DELAY and why is None):
+            if decision is ACK or (decision is DELAY and why is None):
                 acks.append((delivery, decision))
             else:
                 await self._settle_one(delivery, decision, why)
@@ -114,9 +114,9 @@ class Settling:
     ) -> None:
         message = delivery.token
         try:
-            if decision is Settle.ACK or (decision is Settle.DELAY and failed is None):
+            if decision is ACK or (decision is DELAY and failed is None):
                 await message.ack()
-            elif decision is Settle.DEAD:
+            elif decision is DEAD:
                 # The queue's dead-letter exchange takes it (claims: eai.dlx).
                 await message.reject(requeue=False)
             else:  # REQUEUE, RELEASE (untried), or a DELAY whose copy was not confirmed
@@ -180,7 +180,7 @@ def _lost(delivery: Delivery, decision: Settle, failed: Failure | None, exc: Exc
         delivery.ref,
         delivery.msg_id,
         # A DELAY whose copy was not confirmed was a requeue.
-        SETTLE_VERBS[Settle.REQUEUE if decision is Settle.DELAY and failed else decision],
+        SETTLE_VERBS[REQUEUE if decision is DELAY and failed else decision],
         type(exc).__name__,
         extra={"event": "settle-lost", "msg_id": delivery.msg_id},
     )

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from onceq._core import faults
 from onceq._core.message import DEFAULT_MAX_BYTES
-from onceq._core.transport import Delivery, Settle
+from onceq._core.transport import ACK, DEAD, DELAY, RELEASE, REQUEUE, Delivery, Settle
 from onceq._sources.dirq import retry_area
 from onceq._sources.dirq.files import Mover, link_no_clobber, open_dir
 from onceq._sources.dirq.queue import FOLDERS, DirQueue
@@ -330,13 +330,13 @@ class Worker:
         for d, settle, _reason in group:
             # ACK (nearly every file) by identity: an enum's hash is a Python-level
             # call, paid per file by the table lookup.
-            dest = "done" if settle is Settle.ACK else _DEST[settle]
+            dest = "done" if settle is ACK else _DEST[settle]
             if dest == "retry":
                 # The due time goes on the claimed file BEFORE it has a name in retry/:
                 # no instant shows the file in retry/ without it (it would be due at
                 # once, its old mtime being in the past). A crash before the link
                 # leaves the claim for recovery, which runs it again (early, not lost).
-                due = now + (d.delay if settle is Settle.DELAY else 0.0)
+                due = now + (d.delay if settle is DELAY else 0.0)
                 retry_area.set_due(d.token, own, due)
                 earliest = min(earliest, due)
                 self._retry_fd(create=True)
@@ -395,9 +395,9 @@ class Worker:
 # waits in retry/ (never back in the inbox, where it would be claimed again at once:
 # the poison loop); what the breaker held untried goes back to the inbox as it was.
 _DEST = {
-    Settle.ACK: "done",
-    Settle.DEAD: "error",
-    Settle.DELAY: "retry",
-    Settle.REQUEUE: "retry",
-    Settle.RELEASE: "inbox",
+    ACK: "done",
+    DEAD: "error",
+    DELAY: "retry",
+    REQUEUE: "retry",
+    RELEASE: "inbox",
 }
