@@ -38,11 +38,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from onceq._core import faults
 from onceq._core.effect import effect_raised
 from onceq._core.entry import Entry
+from onceq._core.handoff import Handoff
 from onceq._core.holds import Holds
 from onceq._core.hooks import Hooks
 from onceq._core.inflight import Checked, InflightGuard, Leases, Slots, Turns, guard_for
@@ -139,7 +139,7 @@ class Consumer:
         self.max_in_flight = max_in_flight
         self._slots = Slots(max_in_flight)
         # (entry, what to give back after its settle: _SLOT, _TURN or _LEASE) or _STOP.
-        self._pending: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending = Handoff()
         self._tasks: set[asyncio.Task[None]] = set()  # the handler tasks under way
         self._turns = Turns()  # one copy of a msg_id in flight in this process
         self._failure: BaseException | None = None
