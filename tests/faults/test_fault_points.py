@@ -104,9 +104,39 @@ def test_an_unknown_fault_point_is_refused_before_anything_runs(tmp_path: Path) 
     assert r.stderr.startswith("onceq: ONCEQ_FAULT: unknown fault point 'after-comit'")
     assert "Traceback" not in r.stderr
     assert sorted(os.listdir(root / "inbox")) == before and not (root / "ledger.db").exists()
+    # The list it gives names the engine's points and every source's own.
+    for point in ("before-commit", "after-claim", "after-delay-publish", "after-dead-publish"):
+        assert point in r.stderr
     r = run_cli("dirq", "consume", str(root), env={"ONCEQ_FAULT": "mid-settle",
                                                    "ONCEQ_FAULT_AFTER": "0"})  # fmt: skip
     assert r.returncode == 2 and "ONCEQ_FAULT_AFTER: '0'" in r.stderr, r.stderr
+
+
+def test_the_engine_holds_three_points_and_each_source_declares_its_own() -> None:
+    """A source's windows are its package's (SourceType.fault_points), so a new transport
+    changes nothing in onceq._core.faults; one name is one owner's."""
+    from onceq._core import faults
+    from onceq._sources.registry import named, types
+
+    types()  # load the built-in types: their points are declared as they load
+    assert list(faults.ENGINE_POINTS) == ["before-commit", "after-commit-before-settle",
+                                          "mid-settle"]  # fmt: skip
+    owners = faults.points()
+    assert {p: o for p, o in owners.items() if o != "engine"} == {
+        "after-claim": "dirq",
+        "after-retry-link": "dirq",
+        "mid-replay": "dirq",
+        "after-delay-publish": "rabbitmq",
+        "after-dead-publish": "nats",
+    }
+    for kind in ("dirq", "rabbitmq", "nats"):
+        t = named(kind)
+        assert t is not None and set(t.fault_points) == {p for p, o in owners.items() if o == kind}
+        assert all(text.strip() for text in t.fault_points.values())
+    with pytest.raises(ValueError, match="'mid-replay' of nats is already dirq's"):
+        faults.declare("nats", {"mid-replay": "taken"})
+    faults.declare("dirq", {"mid-replay": "again, by its owner"})  # idempotent
+    assert faults.points()["mid-replay"] == "dirq"
 
 
 def test_unset_fault_points_cost_one_empty_call() -> None:
