@@ -22,7 +22,9 @@ then the body's `guid`): exactly a publisher's retry outside the window.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +40,7 @@ from mq_support import (
     publish,
     queues,
     rows,
+    start_consumer,
     topology,
     wait_for,
     write_claims,
@@ -65,8 +68,13 @@ class Broker:
     ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError
 
-    def returned(self) -> None:
-        """After a kill -9: wait until the broker holds nothing for the dead process."""
+    def start(self, db: Path, claim: str, *args: str) -> subprocess.Popen[str]:
+        """`… consume --json` as a process of its own (no --until-empty: until stopped)."""
+        raise NotImplementedError
+
+    def returned(self, held: int = 1) -> None:
+        """After a kill -9 of a consumer holding at most `held` copies: wait until the
+        broker holds nothing for the dead process (or the next run will see to it)."""
         raise NotImplementedError
 
     def state(self) -> dict[str, int]:
@@ -118,7 +126,10 @@ class Rabbit(Broker):
         return cli(self.url, "mq", "consume", "--claim", claim, "--db", str(db), "--json",
                    "--until-empty", *EXERCISE, *args, **env)  # fmt: skip
 
-    def returned(self) -> None:
+    def start(self, db: Path, claim: str, *args: str) -> subprocess.Popen[str]:
+        return start_consumer(self.url, claim, db, *args)
+
+    def returned(self, held: int = 1) -> None:
         # The broker saw the connection die: whatever was unacked is back in claim.in.
         wait_for(lambda: queues(self.url, exact=True)["claim.in"][1] == 0, timeout=30, step=0.3)
 
@@ -194,20 +205,29 @@ class Nats(Broker):
     def consume(
         self, db: Path, claim: str, *args: str, **env: str
     ) -> subprocess.CompletedProcess[str]:
+        return run_cli(*self._argv(db, claim), "--until-empty", *EXERCISE, *args,
+                       env={"ONCEQ_NATS_URL": self.names.url, **env}, timeout=120)  # fmt: skip
+
+    def start(self, db: Path, claim: str, *args: str) -> subprocess.Popen[str]:
         n = self.names
-        return run_cli(
-            "nats", "consume", "--stream", n.stream, "--durable", n.durable,
-            "--url", f"{claim}/v1/claims", "--id-field", "guid", "--success", "201",
-            "--reject", "422", "--db", str(db), "--json", "--until-empty", *EXERCISE, *args,
-            env={"ONCEQ_NATS_URL": n.url, **env}, timeout=120,
+        return subprocess.Popen(
+            [sys.executable, "-m", "onceq", *self._argv(db, claim), *EXERCISE, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "ONCEQ_NATS_URL": n.url},
         )  # fmt: skip
 
-    def returned(self) -> None:
+    def _argv(self, db: Path, claim: str) -> list[str]:
+        n = self.names
+        return ["nats", "consume", "--stream", n.stream, "--durable", n.durable,
+                "--url", f"{claim}/v1/claims", "--id-field", "guid", "--success", "201",
+                "--reject", "422", "--db", str(db), "--json"]  # fmt: skip
+
+    def returned(self, held: int = 1) -> None:
         # A killed consumer's copies stay ack-pending until a pull after their AckWait
-        # gets them redelivered: the next run's --until-empty waits for exactly that
-        # (it ends only once nothing is ack-pending). Here: the server is told no more
-        # than the dead process could hold (its prefetch, 1 in these tests).
-        assert self.state()["unacked"] <= 1
+        # gets them redelivered: the next run waits for exactly that (--until-empty
+        # ends only once nothing is ack-pending). Here: the server lists no more than
+        # the dead process could hold (its prefetch).
+        assert self.state()["unacked"] <= held
 
     def state(self) -> dict[str, int]:
         s = nats_support.consumer_state(self.names)
