@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 import nats_support
-from mq_support import get_all, queues
+from mq_support import get_all, queues, wait_for
 from nats_support import nats_names_fixture  # noqa: F401  (the fixture nats_names)
 from support import open_db, run_cli
 
@@ -237,11 +237,18 @@ class Rabbit(Broker):
         conn = pika.BlockingConnection(pika.URLParameters(self.url))
         try:
             ch = conn.channel()
+            before = ch.queue_declare(self.QUEUE, passive=True).method.message_count
             for _, body in items:
                 ch.basic_publish("", self.QUEUE, body, pika.BasicProperties(delivery_mode=2))
-            # One round trip after the batch instead of a confirm per message: a
-            # queue's depth read back on the same channel says every publish arrived.
-            assert ch.queue_declare(self.QUEUE, passive=True).method.message_count >= len(items)
+            # Instead of a confirm per message (a round trip each): no consumer runs
+            # now, so the queue's depth grows by exactly the batch once all arrived.
+            wait_for(
+                lambda: (
+                    ch.queue_declare(self.QUEUE, passive=True).method.message_count
+                    >= before + len(items)
+                ),
+                timeout=30,
+            )
         finally:
             conn.close()
 
