@@ -256,3 +256,28 @@ def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Pa
     ids = [props.headers[COPY_HEADER] for _, props, _ in get_all(amqp_url, "claim.in")]
     assert len(ids) == 2 and len(set(ids)) == 2
     assert all(len(i) == 32 for i in ids)
+
+
+def test_an_armed_point_of_the_running_source_imports_no_other_source() -> None:
+    """Checking ONCEQ_FAULT costs a run no other source's package when the point is the
+    engine's or its own source's; only a point no loaded type declares loads them all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json; from onceq._sources import registry; registry.named('dirq'); "
+        "print(json.dumps(sorted(m for m in ('onceq._sources.nats.plugin', "
+        "'onceq._sources.amqp.plugin') if m in sys.modules)))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEQ_FAULT")}
+    for point, loaded in [
+        ("mid-settle", []),
+        ("after-claim", []),
+        ("after-dead-publish", ["onceq._sources.amqp.plugin", "onceq._sources.nats.plugin"]),
+    ]:
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "ONCEQ_FAULT": point},
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        assert json.loads(out.stdout) == loaded, (point, out.stderr)
+    bad = subprocess.run([sys.executable, "-c", code], env={**env, "ONCEQ_FAULT": "after-clam"},
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1 and "unknown fault point 'after-clam'" in bad.stderr
