@@ -134,21 +134,36 @@ def consumer_state(names: Names) -> dict[str, int]:
     return asyncio.run(aconsumer_state(names))
 
 
-async def adead_letters(names: Names) -> list[tuple[bytes, dict[str, str]]]:
-    """Every dead letter (body, headers), read in place (an ordered ephemeral consumer)."""
-    nc, js = await _js(names.url)
+async def astored(url: str, stream: str) -> list[tuple[bytes, dict[str, str]]]:
+    """Every message a stream holds (body, headers), read in place by sequence."""
+    import nats.js.errors as jse
+
+    nc, js = await _js(url)
     try:
         out = []
-        info = await js.stream_info(names.dead_stream)
+        info = await js.stream_info(stream)
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             if info.state.messages == 0:
                 break
-            msg = await js.get_msg(names.dead_stream, seq)
+            try:
+                msg = await js.get_msg(stream, seq)
+            except jse.NotFoundError:  # acked (work-queue retention) or purged: a gap
+                continue
             out.append((msg.data or b"", dict(msg.headers or {})))
         return out
     finally:
         await nc.close()
 
 
+async def adead_letters(names: Names) -> list[tuple[bytes, dict[str, str]]]:
+    """Every dead letter (body, headers), read in place."""
+    return await astored(names.url, names.dead_stream)
+
+
 def dead_letters(names: Names) -> list[tuple[bytes, dict[str, str]]]:
     return asyncio.run(adead_letters(names))
+
+
+def stored(names: Names) -> list[tuple[bytes, dict[str, str]]]:
+    """Every message still in the work stream (unacked or not yet delivered)."""
+    return asyncio.run(astored(names.url, names.stream))

@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from test_dirq_crash import check_invariants, finish, make_queue, rows
 
-from mq_support import (
-    EXERCISE,
-    claim_doc,
-    cli,
-    partner,
-    publish,
-    queues,
-    topology,
-    wait_for,
-    write_claims,
-)
+from broker_support import Broker, broker_fixture, empty  # noqa: F401
+from mq_support import claim_doc, partner, publish, topology, write_claims
+from nats_support import nats_names_fixture  # noqa: F401
 from support import run_cli
 
 # (point, N): fire the Nth time the point is reached. N > 1 where the first group
@@ -104,9 +97,39 @@ def test_an_unknown_fault_point_is_refused_before_anything_runs(tmp_path: Path) 
     assert r.stderr.startswith("onceq: ONCEQ_FAULT: unknown fault point 'after-comit'")
     assert "Traceback" not in r.stderr
     assert sorted(os.listdir(root / "inbox")) == before and not (root / "ledger.db").exists()
+    # The list it gives names the engine's points and every source's own.
+    for point in ("before-commit", "after-claim", "after-delay-publish", "after-dead-publish"):
+        assert point in r.stderr
     r = run_cli("dirq", "consume", str(root), env={"ONCEQ_FAULT": "mid-settle",
                                                    "ONCEQ_FAULT_AFTER": "0"})  # fmt: skip
     assert r.returncode == 2 and "ONCEQ_FAULT_AFTER: '0'" in r.stderr, r.stderr
+
+
+def test_the_engine_holds_three_points_and_each_source_declares_its_own() -> None:
+    """A source's windows are its package's (SourceType.fault_points), so a new transport
+    changes nothing in onceq._core.faults; one name is one owner's."""
+    from onceq._core import faults
+    from onceq._sources.registry import named, types
+
+    types()  # load the built-in types: their points are declared as they load
+    assert list(faults.ENGINE_POINTS) == ["before-commit", "after-commit-before-settle",
+                                          "mid-settle"]  # fmt: skip
+    owners = faults.points()
+    assert {p: o for p, o in owners.items() if o != "engine"} == {
+        "after-claim": "dirq",
+        "after-retry-link": "dirq",
+        "mid-replay": "dirq",
+        "after-delay-publish": "rabbitmq",
+        "after-dead-publish": "nats",
+    }
+    for kind in ("dirq", "rabbitmq", "nats"):
+        t = named(kind)
+        assert t is not None and set(t.fault_points) == {p for p, o in owners.items() if o == kind}
+        assert all(text.strip() for text in t.fault_points.values())
+    with pytest.raises(ValueError, match="'mid-replay' of nats is already dirq's"):
+        faults.declare("nats", {"mid-replay": "taken"})
+    faults.declare("dirq", {"mid-replay": "again, by its owner"})  # idempotent
+    assert faults.points()["mid-replay"] == "dirq"
 
 
 def test_unset_fault_points_cost_one_empty_call() -> None:
@@ -125,13 +148,13 @@ def test_unset_fault_points_cost_one_empty_call() -> None:
     assert json.loads(out.stdout) == ["_off", None, None]
 
 
-# --- RabbitMQ -------------------------------------------------------------------------
+# --- the broker sources (RabbitMQ, NATS JetStream): one body each, run over both ---
 
 # prefetch 1: one delivery in flight, so a group is one message and no other claim
 # call is under way when the process kills itself: "each guid exactly once" is then
 # a promise the run can keep (a call whose record dies with the process is the
 # at-least-once part, and only before-commit has one).
-MQ_POINTS = [
+BROKER_POINTS = [
     ("before-commit", 2),
     ("after-commit-before-settle", 1),
     ("after-commit-before-settle", 3),
@@ -139,30 +162,24 @@ MQ_POINTS = [
 ]
 
 
-@pytest.mark.parametrize(("point", "after"), MQ_POINTS)
-def test_mq_killed_at_a_fault_point_recovers_exactly(
-    amqp_url: str, tmp_path: Path, point: str, after: int
+@pytest.mark.parametrize(("point", "after"), BROKER_POINTS)
+def test_broker_killed_at_a_fault_point_recovers_exactly(
+    broker: Broker, tmp_path: Path, point: str, after: int
 ) -> None:
     n = 12
     docs = [claim_doc(f"f-{i:03d}") for i in range(n)]
     resent = ["f-007", "f-009"]  # published again, last: real duplicates
-    # c00000.json …, published in this order: the re-sent copies come last.
-    files = write_claims(tmp_path / "c", [*docs, *(claim_doc(g) for g in resent)])
-    topology(amqp_url)
-    publish(amqp_url, *files)
+    broker.prepare(docs, [claim_doc(g) for g in resent])
     db = tmp_path / "p.db"
-    args = ("mq", "consume", "--db", str(db), "--json", "--prefetch", "1", "--until-empty",
-            *EXERCISE)  # fmt: skip
     with partner() as p:
-        first = cli(amqp_url, *args, "--claim", p.url, ONCEQ_FAULT=point,
-                    ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
+        first = broker.consume(db, p.url, "--prefetch", "1", ONCEQ_FAULT=point,
+                               ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
         assert first.returncode == -9, (first.returncode, first.stderr)
         assert first.stdout == ""
         called_first = p.stats()["by_guid"]
-        committed = {m for (m,) in rows(db, "SELECT msg_id FROM processed")}
-        # The broker saw the connection die: whatever was unacked is back in claim.in.
-        wait_for(lambda: queues(amqp_url, exact=True)["claim.in"][1] == 0, timeout=30, step=0.3)
-        second = cli(amqp_url, *args, "--claim", p.url)
+        committed = {m for (m,) in rows(db, "SELECT msg_id FROM messages")}
+        broker.returned()
+        second = broker.consume(db, p.url, "--prefetch", "1")
         calls = p.stats()["by_guid"]
     assert second.returncode == 0, second.stderr
     summary = json.loads(second.stdout)
@@ -178,10 +195,54 @@ def test_mq_killed_at_a_fault_point_recovers_exactly(
         assert summary["recovered"] in (0, 1)  # its ack may have left before the kill
     else:
         assert summary["recovered"] == 0
-    assert rows(db, "SELECT count(*) FROM processed") == [(n,)]
+    assert rows(db, "SELECT count(*) FROM messages") == [(n,)]
     assert [m for (m,) in rows(db, "SELECT DISTINCT msg_id FROM duplicates ORDER BY 1")] == resent
     assert summary["duplicates"] == len(resent)
-    assert queues(amqp_url, exact=True) == {"claim.in": (0, 0), "claim.dead": (0, 0)}
+    assert broker.state() == empty(broker)
+
+
+@pytest.mark.parametrize("after", [1, 3])
+def test_broker_killed_with_copies_stored_and_originals_unacked_loses_nothing(
+    broker: Broker, tmp_path: Path, after: int
+) -> None:
+    """The source's own window (RabbitMQ: a DELAY settle's tier copy confirmed; NATS: a
+    dead letter stored) before the original's ack: the message exists twice, never
+    zero times, and a second run leaves each failing claim dead (once; at worst twice
+    where both the original and its copy can reach their last attempt)."""
+    good = [f"ok-{i:02d}" for i in range(8)]
+    failing = [f"bad-{i:02d}" for i in range(4)]
+    docs = [claim_doc(g) for g in good] + [broker.copy_doc(g) for g in failing]
+    docs.sort(key=lambda d: d["guid"][-2:])  # interleaved: groups mix both kinds
+    broker.prepare_copies(docs)
+    db = tmp_path / "p.db"
+    with partner() as p:
+        first = broker.consume_copies(db, p.url, ONCEQ_FAULT=broker.copy_point,
+                                      ONCEQ_FAULT_AFTER=str(after))  # fmt: skip
+        assert first.returncode == -9, (first.returncode, first.stderr)
+        broker.returned()
+        after_kill = broker.inventory(db)
+        # Nothing lost: every message is somewhere; the one in the window is there
+        # twice (the unacked original and its stored copy), every other once.
+        assert set(after_kill) == set(good) | set(failing), after_kill
+        doubled = {g for g, n in after_kill.items() if n > 1}
+        assert len(doubled) == 1 and doubled <= set(failing), after_kill
+        assert max(after_kill.values()) == 2
+
+        second = broker.consume_copies(db, p.url)
+        calls = p.stats()["by_guid"]
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["drained"] is True
+    # Each good claim was called once and recorded once, across the kill.
+    assert {g: calls[g] for g in good} == dict.fromkeys(good, 1)
+    assert sorted(g for (g,) in rows(db, "SELECT msg_id FROM messages")) == good
+    dead = Counter(broker.dead_ids())
+    twice = 2 if broker.dead_twice else 1
+    assert dead == {g: twice if g in doubled else 1 for g in failing}, dead
+    assert broker.copies_left() == 0
+    state = broker.state()
+    assert {k: v for k, v in state.items() if k != "dead"} == {
+        k: v for k, v in empty(broker).items() if k != "dead"
+    }
 
 
 def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Path) -> None:
@@ -195,3 +256,28 @@ def test_each_published_copy_carries_its_own_copy_id(amqp_url: str, tmp_path: Pa
     ids = [props.headers[COPY_HEADER] for _, props, _ in get_all(amqp_url, "claim.in")]
     assert len(ids) == 2 and len(set(ids)) == 2
     assert all(len(i) == 32 for i in ids)
+
+
+def test_an_armed_point_of_the_running_source_imports_no_other_source() -> None:
+    """Checking ONCEQ_FAULT costs a run no other source's package when the point is the
+    engine's or its own source's; only a point no loaded type declares loads them all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json; from onceq._sources import registry; registry.named('dirq'); "
+        "print(json.dumps(sorted(m for m in ('onceq._sources.nats.plugin', "
+        "'onceq._sources.amqp.plugin') if m in sys.modules)))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEQ_FAULT")}
+    for point, loaded in [
+        ("mid-settle", []),
+        ("after-claim", []),
+        ("after-dead-publish", ["onceq._sources.amqp.plugin", "onceq._sources.nats.plugin"]),
+    ]:
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "ONCEQ_FAULT": point},
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        assert json.loads(out.stdout) == loaded, (point, out.stderr)
+    bad = subprocess.run([sys.executable, "-c", code], env={**env, "ONCEQ_FAULT": "after-clam"},
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1 and "unknown fault point 'after-clam'" in bad.stderr

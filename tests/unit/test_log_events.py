@@ -12,7 +12,11 @@ import importlib
 import re
 from pathlib import Path
 
-from onceq._core.logs import EVENTS
+from onceq._core.logs import EVENTS as ENGINE_EVENTS
+from onceq._sources.registry import log_events
+
+# The engine's table and every source type's own (SourceType.log_events).
+EVENTS = log_events()
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "onceq"
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
@@ -143,3 +147,29 @@ def test_the_breaker_names_an_event_for_each_of_its_states() -> None:
         HALF_OPEN: "breaker-half-open",
         CLOSED: "breaker-closed",
     }
+
+
+def test_a_source_s_own_events_are_declared_by_its_package_not_the_engine() -> None:
+    """A transport brings its events in its package (SourceType.log_events): an event
+    only one source logs is that source's, and the engine's table names none of them,
+    so the next transport adds no line to onceq._core.logs."""
+    from onceq._sources.registry import named
+
+    packages = {"dirq": "dirq", "amqp": "rabbitmq", "nats": "nats"}
+    logged_by: dict[str, set[str]] = {}
+    for _, _, module, call in _calls():
+        parts = module.split(".")
+        where = packages.get(parts[2]) if parts[1] == "_sources" and len(parts) > 3 else None
+        for e in _event(module, call):
+            logged_by.setdefault(e, set()).add(where or "engine")
+    problems = []
+    for kind in packages.values():
+        t = named(kind)
+        assert t is not None
+        own = set(t.log_events)
+        problems += [f"{kind}: {e} is also the engine's" for e in own & set(ENGINE_EVENTS)]
+        problems += [f"{kind}: {e} is logged elsewhere too" for e in own if logged_by[e] != {kind}]
+        only_here = {e for e, w in logged_by.items() if w == {kind}}
+        problems += [f"{kind}: {e} is in the engine's table" for e in only_here - own]
+    assert not problems, "\n".join(problems)
+    assert named("nats").log_events.keys() == {"dead-letter-unstored"}  # type: ignore[union-attr]

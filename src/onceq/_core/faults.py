@@ -12,66 +12,86 @@ atexit, no flush, no channel close), exactly like a power cut of the process or 
 OOM killer. Only the kernel cleans up: file locks are dropped, the broker sees the
 connection die and requeues what was unacked.
 
-Points (each named where it is reached):
+The engine's points (`ENGINE_POINTS`, reached by the consume loop for every source):
 
-    before-commit               consume loop: a group is decided, nothing of it is
-                                committed (every copy must run again; the handler
-                                calls already made are the at-least-once part)
-    after-commit-before-settle  consume loop: the group's records are durable, no
-                                copy of it is settled (dirq: files still in
-                                processing/; AMQP: still unacked). The next run must
-                                count them as recovered and call nobody again
-    mid-settle                  dirq: after a file of the group is linked into
-                                done/ or error/, before the rest and before any
-                                unlink (the file is in two places); AMQP: after one
-                                ack/reject of the group (acks are sent one by one),
-                                before the rest
-    after-claim                 dirq: a file was renamed into processing/w-ID/ and
-                                not yet read (recovery by the next consumer)
-    after-retry-link            dirq: a transient failure is committed and its file,
-                                its due time set, linked into retry/, not yet
-                                fsynced nor unlinked from processing/ (two names:
-                                the next consumer must drop the claim, not run it
-                                beside the copy that retry/ hands out)
-    mid-replay                  dirq replay --all/--reason: a file is linked into
-                                inbox/ and still in error/ (its replay recorded)
-    after-delay-publish         AMQP: the copies of a group's DELAY settles are
-                                confirmed in their retry queues, no original is
-                                acked yet (each message exists twice: the original
-                                comes back, nothing is lost)
+    before-commit               a group is decided, nothing of it is committed (every
+                                copy must run again; the handler calls already made
+                                are the at-least-once part)
+    after-commit-before-settle  the group's records are durable, no copy of it is
+                                settled. The next run must count them as recovered
+                                and call nobody again
+    mid-settle                  a source's settle has finished one copy of the group
+                                (reached by the source: a dirq link, an ack), before
+                                the rest
 
-Cheap when unset: the environment is read once, at import, and `hit` is then a
-function that returns at once (one call per group; per file only for the dirq
-points). A value that names no point is refused at import, so a mistyped variable
-cannot make a crash test pass without ever crashing.
+A source's own windows are its own: its `SourceType.fault_points` names them (dirq:
+after-claim, after-retry-link, mid-replay; RabbitMQ: after-delay-publish; NATS:
+after-dead-publish), and the registry `declare`s them when it loads the type. So a
+new transport brings its points in its package and changes nothing here.
+
+Refused early: ONCEQ_FAULT_AFTER is checked at import; ONCEQ_FAULT against every
+declared point by `check()`, which the registry calls when a type is loaded and the
+point is still `pending()` (it then loads every built-in type first), i.e. before a
+flow is opened (a mistyped variable must not make a crash test pass without ever
+crashing). Cheap when unset: the environment is read once, at
+import, and `hit` is then a function that returns at once (one call per group; per
+file only for the dirq points).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 from onceq.errors import UsageError
 
+__all__ = ["ENGINE_POINTS", "check", "declare", "hit", "pending", "points"]
+
 ENV_POINT = "ONCEQ_FAULT"
 ENV_AFTER = "ONCEQ_FAULT_AFTER"
-POINTS = (
-    "before-commit",
-    "after-commit-before-settle",
-    "mid-settle",
-    "after-claim",
-    "after-retry-link",
-    "mid-replay",
-    "after-delay-publish",
-)
+ENGINE = "engine"
+ENGINE_POINTS: dict[str, str] = {
+    "before-commit": "a group decided, nothing of it committed",
+    "after-commit-before-settle": "a group's records durable, no copy of it settled",
+    "mid-settle": "one copy of a group settled, the rest not yet",
+}
+# point -> the owner that declared it ("engine" or a source kind)
+_owners: dict[str, str] = dict.fromkeys(ENGINE_POINTS, ENGINE)
+
+
+def declare(owner: str, table: Mapping[str, str]) -> None:
+    """Add `owner`'s points (name -> the window it marks). A name is one owner's: two
+    sources declaring the same name would make one test kill the other's process."""
+    for name in table:
+        held = _owners.get(name, owner)
+        if held != owner:
+            raise ValueError(f"fault point {name!r} of {owner} is already {held}'s")
+    _owners.update(dict.fromkeys(table, owner))
+
+
+def points() -> dict[str, str]:
+    """Every declared point and its owner, the engine's first."""
+    return dict(_owners)
+
+
+def pending() -> bool:
+    """Whether the armed point is one no owner has declared yet (a source not loaded)."""
+    return _POINT is not None and _POINT not in _owners
+
+
+def check() -> None:
+    """Refuse an ONCEQ_FAULT that names no declared point (one line, exit 2)."""
+    if _POINT is not None and _POINT not in _owners:
+        raise UsageError(
+            f"{ENV_POINT}: unknown fault point {_POINT!r} (one of {', '.join(_owners)})"
+        )
 
 
 def _armed() -> tuple[str | None, int]:
     point = os.environ.get(ENV_POINT) or None
     if point is None:
         return None, 0
-    if point not in POINTS:
-        raise UsageError(f"{ENV_POINT}: unknown fault point {point!r} (one of {', '.join(POINTS)})")
     raw = os.environ.get(ENV_AFTER) or "1"
     try:
         after = int(raw)

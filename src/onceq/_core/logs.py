@@ -19,8 +19,9 @@ line, so a JSON line writes '@' as `\\u0040` (a JSON reader reads it back): with
 '@' in a message and another in msg_id, the guard would otherwise cut the object apart.
 
 Events: every log call of the library says what happened in `extra={"event": ...}`,
-one of `EVENTS` (a test reads the source and fails on a call without one, or with one
-the table does not describe), so an operator can alert on an event by its name.
+one of `EVENTS` or of its source's `log_events` (a test reads the source and fails on
+a call without one, or with one no table describes), so an operator can alert on an
+event by its name.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ LEVELS = {
 LOG_FORMATS = ("human", "json")  # --log-format's choices: what `setup` takes
 HUMAN = "onceq: %(levelname)s %(name)s: %(message)s"
 
-# Every event a log line may carry, and what it means (docs/operations.md shows this
-# table; tests/unit/test_log_events.py checks every call site of the library against it).
+# Every event of the engine and of every source, and what it means: a source's own
+# events are its `SourceType.log_events` (onceq._sources.registry.log_events() gives
+# this table and theirs; docs/operations.md shows it, tests/unit/test_log_events.py
+# checks every call site of the library against it).
 EVENTS: dict[str, str] = {
     # the consume loop's verdicts (log_group: INFO, one line per entry)
     "duplicate": "a msg_id the ledger already holds (or the partner said so): acked, no call",
@@ -82,34 +85,15 @@ EVENTS: dict[str, str] = {
     "guard-back": "the in-flight guard reconnected",
     "guard-short": "PostgreSQL is out of lock space: claims go unguarded meanwhile",
     "guard-failed": "a batch of the in-flight guard failed (a bug): its claims fail",
-    # the broker
+    # any broker source (onceq._sources.feed and each transport)
     "connection-lost": "the broker connection was lost: reconnecting",
     "reconnected": "the broker connection is back",
-    "skipped-closed-channel": "a delivery whose channel closed before it was handled",
-    "cancel-failed": "cancelling the consumer at a stop failed (its channel was gone)",
     "drain-check-failed": "the --until-empty drain check failed: asked again",
-    "pause-failed": "pausing the consumer (breaker open) failed: the broker returns them",
-    "resume-failed": "resuming the consumer failed: tried again in 1 s",
-    "probe-failed": "the breaker's probe (basic.get) failed: tried again",
-    "retry-copy-unconfirmed": (
-        "a retry tier copy was not confirmed: given back to the queue; `cause` says why"
-    ),
-    "channel-closed": "the broker closed the consume channel (403, 404 …; `cause`): reopening it",
-    "channel-reopened": "the consume channel the broker had closed is open again",
     "settle-lost": "an ack/reject could not be sent (channel gone): the broker redelivers",
     "grace-expired": "in-flight deliveries did not finish within the grace: back to the queue",
-    # start-up checks
-    "dead-letter-unchecked": "the work queue's dead-letter arguments could not be read",
-    "delivery-limit": "a quorum queue's delivery limit would decide before onceq does",
-    "consumer-timeout": "the broker's consumer_timeout would cut a delivery onceq still holds",
-    "consumer-timeout-unread": "the consumer_timeout could not be read or compared (debug)",
-    # the directory queue
-    "retry-time-unset": "a file's retry time could not be set: it is due at once",
     # the metrics (onceq._ops.telemetry, onceq._ops.metrics_queues, onceq._sources.amqp.depths)
     "depth-reader-stopped": "the queue depth reader failed: the depth figures stop, not the run",
-    "depths-unavailable": "no queue depths for a flow (a mistyped management API URL)",
     "depths-failed": "reading the queue depths failed: the last figures are kept (once an outage)",
-    "management-api-unusable": "the RabbitMQ management API does not answer: no unacked figures",
     "report-failed": "a --workers child could not send its counts to the parent (debug)",
     # the consumer's published state (onceq._ops.heartbeat, read by onceq status)
     "heartbeat-failed": "the consumer's state could not be written to the ledger: retried",

@@ -22,13 +22,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceq._core import faults
+from onceq._core.logs import EVENTS
 from onceq._sources.feed import Feed
 
 if TYPE_CHECKING:
     from onceq._core.keys import Mistakes
     from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 
-__all__ = ["BUILTIN", "SourceType", "kinds", "named", "of", "register", "types"]
+__all__ = ["BUILTIN", "SourceType", "kinds", "log_events", "named", "of", "register", "types"]
 
 
 class SourceType:
@@ -45,6 +47,12 @@ class SourceType:
     public: bool = True
     # The flow-file keys of this kind's section, beside the keys every flow has.
     file_keys: frozenset[str] = frozenset()
+    # This kind's own fault-injection points (onceq._core.faults): name -> the window
+    # it marks. Declared when the type is loaded; the engine's three are the core's.
+    fault_points: dict[str, str] = {}  # noqa: RUF012  (read only, a class-level table)
+    # This kind's own log events (`extra={"event": …}` of its modules): name -> meaning.
+    # onceq._core.logs.EVENTS holds the engine's and those every broker source shares.
+    log_events: dict[str, str] = {}  # noqa: RUF012
 
     def accepts(self, source: object) -> bool:
         return self.config is not None and isinstance(source, self.config)
@@ -128,12 +136,14 @@ BUILTIN: dict[str, str] = {
 
 _loaded: dict[str, SourceType] = {}
 _extra: list[str] = []  # kinds registered beyond the built-in ones, in registration order
+_fault_checked = False  # every built-in type loaded once to check an armed ONCEQ_FAULT
 
 
 def register(source_type: SourceType) -> SourceType:
     """Add (or replace) a source type; returns it, so it can decorate an instance."""
     if not source_type.kind:
         raise ValueError("a SourceType needs a kind")
+    faults.declare(source_type.kind, source_type.fault_points)
     if source_type.kind not in BUILTIN and source_type.kind not in _extra:
         _extra.append(source_type.kind)
     _loaded[source_type.kind] = source_type
@@ -145,7 +155,26 @@ def _load(kind: str) -> SourceType:
     if t is None:
         module, _, attr = BUILTIN[kind].partition(":")
         t = _loaded[kind] = getattr(importlib.import_module(module), attr)
+        faults.declare(kind, t.fault_points)
+        _check_fault()
     return t
+
+
+def _check_fault() -> None:
+    """Refuse an armed ONCEQ_FAULT that no source declares, before any flow is opened.
+
+    Asked as each type loads (every run asks for its source's type first). A point of
+    the engine or of a type already loaded costs nothing; any other may be another
+    built-in kind's, so all of them are loaded then — only in a crash test, so a run
+    still imports its own source's package alone.
+    """
+    global _fault_checked
+    if _fault_checked or not faults.pending():
+        return
+    _fault_checked = True
+    for kind in BUILTIN:
+        _load(kind)
+    faults.check()
 
 
 def _order() -> list[str]:
@@ -183,6 +212,14 @@ def of(source: object) -> SourceType | None:
         if t.accepts(source):
             return t
     return None
+
+
+def log_events() -> dict[str, str]:
+    """Every log event an operator may see: the engine's, then each type's own."""
+    out = dict(EVENTS)
+    for kind in _order():
+        out.update(_loaded[kind].log_events)
+    return out
 
 
 def kinds() -> list[str]:

@@ -65,6 +65,31 @@ class RabbitType(SourceType):
     config = RabbitSource
     # id_property belongs to the message spec, but only a RabbitMQ delivery has one.
     file_keys = frozenset({"url", "queue", "prefetch", "id_property", *NAME_KEYS})
+    fault_points = {  # noqa: RUF012  (onceq._core.faults; read only)
+        "after-delay-publish": "a group's retry-tier copies confirmed, no original acked",
+    }
+    log_events = {  # noqa: RUF012  (onceq._core.logs.EVENTS has the engine's)
+        "skipped-closed-channel": "a delivery whose channel closed before it was handled",
+        "cancel-failed": "cancelling the consumer at a stop failed (its channel was gone)",
+        "pause-failed": "pausing the consumer (breaker open) failed: the broker returns them",
+        "resume-failed": "resuming the consumer failed: tried again in 1 s",
+        "probe-failed": "the breaker's probe (basic.get) failed: tried again",
+        "retry-copy-unconfirmed": (
+            "a retry tier copy was not confirmed: given back to the queue; `cause` says why"
+        ),
+        "channel-closed": (
+            "the broker closed the consume channel (403, 404 …; `cause`): reopening it"
+        ),
+        "channel-reopened": "the consume channel the broker had closed is open again",
+        "dead-letter-unchecked": "the work queue's dead-letter arguments could not be read",
+        "delivery-limit": "a quorum queue's delivery limit would decide before onceq does",
+        "consumer-timeout": "the broker's consumer_timeout would cut a delivery onceq still holds",
+        "consumer-timeout-unread": "the consumer_timeout could not be read or compared (debug)",
+        "depths-unavailable": "no queue depths for a flow (a mistyped management API URL)",
+        "management-api-unusable": (
+            "the RabbitMQ management API does not answer: no unacked figures"
+        ),
+    }
 
     def validate(self, source: RabbitSource, flow: Any, where: str) -> str | None:
         if not isinstance(source.queue, str) or not source.queue:

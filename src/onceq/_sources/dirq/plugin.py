@@ -41,6 +41,15 @@ class DirqType(SourceType):
     kind = "dirq"
     config = DirSource
     file_keys = frozenset({"path", "workers"})
+    fault_points = {  # noqa: RUF012  (onceq._core.faults; read only)
+        "after-claim": "a file renamed into processing/w-ID/, not yet read",
+        "after-retry-link": "a failure committed, its file linked into retry/, not yet"
+        " unlinked from processing/ (two names)",
+        "mid-replay": "dead replay: a file linked into inbox/, still in error/ too",
+    }
+    log_events = {  # noqa: RUF012  (onceq._core.logs.EVENTS has the engine's)
+        "retry-time-unset": "a file's retry time could not be set: it is due at once",
+    }
 
     def validate(self, source: DirSource, flow: Any, where: str) -> str | None:
         if not isinstance(source.workers, int) or source.workers < 1:

@@ -91,6 +91,14 @@ class NatsType(SourceType):
             "id_property",
         }
     )
+    fault_points = {  # noqa: RUF012  (onceq._core.faults; read only)
+        "after-dead-publish": "a group's dead letters stored, no original acked",
+    }
+    log_events = {  # noqa: RUF012  (onceq._core.logs.EVENTS has the engine's)
+        "dead-letter-unstored": (
+            "a dead letter got no PubAck: its original is NAKed, tried again shortly"
+        ),
+    }
 
     def validate(self, source: NatsSource, flow: Any, where: str) -> str | None:
         if not isinstance(source.prefetch, int) or not 1 <= source.prefetch <= 65535:

@@ -67,7 +67,7 @@ class NatsSettling:
             # then is any original acked.
             results = await asyncio.gather(*(self._dead_letter(d, r) for d, r in dead))
             stored = {id(d): ok for (d, _), ok in zip(dead, results, strict=True)}
-            faults.hit("after-delay-publish")  # dead letters stored, originals not yet acked
+            faults.hit("after-dead-publish")  # dead letters stored, originals not yet acked
         for delivery, decision, _reason in group:
             await self._settle_one(delivery, decision, stored.get(id(delivery), True))
 
@@ -125,7 +125,7 @@ class NatsSettling:
                 self.dead_subject,
                 type(exc).__name__,
                 DEAD_RETRY_DELAY,
-                extra={"event": "retry-copy-unconfirmed", "msg_id": delivery.msg_id},
+                extra={"event": "dead-letter-unstored", "msg_id": delivery.msg_id},
             )
             return False
         return True

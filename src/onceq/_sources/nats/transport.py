@@ -228,6 +228,10 @@ class NatsTransport(NatsSettling):
             body=msg.data,
             ref=f"{self.stream}/{seq}",
             redelivered=redelivered,
+            # The stream sequence names the stored message across redeliveries (a
+            # re-published copy gets a new one): a row naming it is this very copy,
+            # committed before a crash — recovered, not a duplicate.
+            stable_ref=seq > 0,
             token=msg,
             # A replayed dead letter carries its id as Onceq-Msg-Id (its Nats-Msg-Id is
             # its own, so the duplicate window keeps it): onceq._sources.nats.dead.
