@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from onceq._cli.mq import JSON_HELP, cli_url
+from onceq._cli.broker_options import setup_options
+from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._cli.retry_options import retry_from_values, retry_options
 from onceq._cli.run import load_or_exit
@@ -46,15 +47,10 @@ from onceq.errors import UsageError
     help="classic (default: the exercise's objects) or quorum: the work queue, its"
     " dead-letter queue and its retry queues replicated (docs/mq.md, Quorum queues).",
 )
-@click.option(
-    "--flows",
-    "flow_file",
-    metavar="FILE",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Declare the names of every rabbitmq flow of this flow file instead.",
+@setup_options(
+    flows_help="Declare the names of every rabbitmq flow of this flow file instead.",
+    between=(retry_options(breaker=False),),
 )
-@retry_options(breaker=False)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def topology(
     queue: str | None,
     exchange: str | None,

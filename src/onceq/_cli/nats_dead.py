@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
+from onceq._cli.broker_options import JSON_HELP
 from onceq._cli.db_option import db_option
 from onceq._cli.flow_options import flow_name_option
-from onceq._cli.nats import JSON_HELP, cli_url
+from onceq._cli.nats import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._core import loop as event_loop
 from onceq._ledger.target import Target, describe

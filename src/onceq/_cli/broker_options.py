@@ -1,0 +1,86 @@
+"""The flags a broker's commands share, one factory per block (RabbitMQ's `mq`, NATS's
+`nats`): what differs between brokers (a default, the name of the id's header) is an
+argument, so a flag's spelling, type and bounds are written once.
+
+    @publish_options(id_header="message_id", window_help="Publisher confirms …")
+    @setup_options(flows_help="Declare the names of every rabbitmq flow …")
+
+Only click is imported: `mq publish` is timed with its start-up (bench/mq_publish_rate.py).
+The consuming commands' block, which needs the flow, retry and ops flags, is in
+onceq._cli.broker_consume_options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onceq._core.fields import split_path
+from onceq.errors import UsageError
+
+__all__ = ["JSON_HELP", "check_id_field", "publish_options", "setup_options", "stack"]
+
+JSON_HELP = "Print the outcome as JSON."
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def stack(*decorators: Decorator) -> Decorator:
+    """Apply `decorators` as if written one above the other, the first on top (its flag
+    listed first in --help)."""
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for decorate in reversed(decorators):
+            f = decorate(f)
+        return f
+
+    return apply
+
+
+def publish_options(*, id_header: str, window_help: str) -> Decorator:
+    """--id-field (whose value becomes `id_header`), --window, --json."""
+    return stack(
+        click.option(
+            "--id-field",
+            default="guid",
+            show_default=True,
+            metavar="F",
+            help=f"JSON field (a dotted path: invoice.id) whose value becomes {id_header}.",
+        ),
+        click.option(
+            "--window",
+            default=256,
+            show_default=True,
+            type=click.IntRange(1, 65535),
+            help=window_help,
+        ),
+        click.option("--json", "as_json", is_flag=True, help=JSON_HELP),
+    )
+
+
+def check_id_field(id_field: str) -> None:
+    """Refuse an --id-field the consumer could not read (its rule for a path, so the
+    publisher and the consumer agree)."""
+    try:
+        split_path(id_field, "id_field")
+    except UsageError:
+        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path") from None
+
+
+def setup_options(*, flows_help: str, between: tuple[Decorator, ...] = ()) -> Decorator:
+    """--flows FILE (every flow of the broker's kind in the file instead of the flags),
+    then `between` (a command's own flags listed there), then --json."""
+    return stack(
+        click.option(
+            "--flows",
+            "flow_file",
+            metavar="FILE",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help=flows_help,
+        ),
+        *between,
+        click.option("--json", "as_json", is_flag=True, help=JSON_HELP),
+    )
