@@ -12,6 +12,7 @@ onceq._cli.broker_consume_options.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,15 @@ import click
 from onceq._core.fields import split_path
 from onceq.errors import UsageError
 
-__all__ = ["JSON_HELP", "check_id_field", "publish_options", "setup_options", "stack"]
+__all__ = [
+    "JSON_HELP",
+    "Rate",
+    "check_id_field",
+    "publish_options",
+    "rate_option",
+    "setup_options",
+    "stack",
+]
 
 JSON_HELP = "Print the outcome as JSON."
 
@@ -83,4 +92,28 @@ def setup_options(*, flows_help: str, between: tuple[Decorator, ...] = ()) -> De
         ),
         *between,
         click.option("--json", "as_json", is_flag=True, help=JSON_HELP),
+    )
+
+
+class Rate(click.FloatRange):
+    """Publishes per second: a number > 0. click's range alone lets nan and inf through
+    (neither compares <= 0), which no pace can use: refused in the same words."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not in the range x>0 (a finite number).", param, ctx)
+        return rv
+
+
+def rate_option() -> Decorator:
+    """--rate N of a dead-letter replay (onceq._sources.pace), the same for every broker."""
+    return click.option(
+        "--rate",
+        type=Rate(),
+        metavar="N",
+        help="Publish at most N messages per second (default: as fast as confirmed).",
     )
