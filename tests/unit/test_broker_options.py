@@ -43,7 +43,7 @@ def _block(cmd: click.Command, first: str, last: str) -> list[click.Parameter]:
 
 
 PAIRS = [
-    (mq_consume, nats_consume, "flow_name", "as_json"),
+    (mq_consume, nats_consume, "required", "as_json"),
     (mq_publish, nats_publish, "id_field", "as_json"),
     (mq_topology, nats_setup, "flow_file", "as_json"),
 ]

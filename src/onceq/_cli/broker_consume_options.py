@@ -1,5 +1,5 @@
-"""The flags `mq consume` and `nats consume` share, in one factory: the flow and HTTP
-flags, --max-seconds, --prefetch, --db, --timeout, --until-empty, the retry, breaker,
+"""The flags `mq consume` and `nats consume` share, in one factory: --required, the flow
+and HTTP flags, --max-seconds, --prefetch, --db, --timeout, --until-empty, the retry, breaker,
 guard and ops flags, and --json. What differs between brokers (prefetch's default and
 what it bounds, the default ledger, what "empty" means) is an argument."""
 
@@ -20,9 +20,15 @@ DEFAULT_TIMEOUT = 10.0  # s per HTTP call
 
 
 def consume_options(
-    *, prefetch_default: int, prefetch_help: str, db_help: str, until_empty_help: str
+    *,
+    required_help: str,
+    prefetch_default: int,
+    prefetch_help: str,
+    db_help: str,
+    until_empty_help: str,
 ) -> Decorator:
     return stack(
+        click.option("--required", metavar="A,B", help=required_help),
         flow_options(timeout=False),
         click.option(
             "--max-seconds",

@@ -26,6 +26,7 @@ __all__ = [
     "JSON_HELP",
     "Rate",
     "check_id_field",
+    "names_options",
     "publish_options",
     "rate_option",
     "setup_options",
@@ -77,6 +78,12 @@ def check_id_field(id_field: str) -> None:
         split_path(id_field, "id_field")
     except UsageError:
         raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path") from None
+
+
+def names_options(*names: tuple[str, str, str]) -> Decorator:
+    """A setup command's object names, each (flag, metavar, help): a text option with
+    no default of click's (the command derives what is not given from the others)."""
+    return stack(*(click.option(flag, metavar=mv, help=h) for flag, mv, h in names))
 
 
 def setup_options(*, flows_help: str, between: tuple[Decorator, ...] = ()) -> Decorator:

@@ -38,12 +38,8 @@ from onceq.errors import UsageError
     metavar="QUEUE",
     help="The queue to consume (default claim.in); with --url, your own flow.",
 )
-@click.option(
-    "--required",
-    metavar="A,B",
-    help="Comma-separated fields a message must have besides its id (your own flow).",
-)
 @consume_options(
+    required_help="Comma-separated fields a message must have besides its id (your own flow).",
     prefetch_default=5,
     prefetch_help="Unacked deliveries at most (basic_qos), handled concurrently.",
     db_help="Ledger: an SQLite file (default: EAI_MQ_DB, else ./processed.db; its folder must"

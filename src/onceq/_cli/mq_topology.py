@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from onceq._cli.broker_options import setup_options
+from onceq._cli.broker_options import names_options, setup_options
 from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._cli.retry_options import retry_from_values, retry_options
@@ -23,23 +23,21 @@ from onceq.errors import UsageError
 
 
 @click.command()
-@click.option(
-    "--queue",
-    metavar="Q",
-    help="Input queue (default claim.in). Its STEM (the name without a trailing .in)"
-    " names the others: invoice.in → invoice, invoice, invoice.dlx, invoice.dead.",
-)
-@click.option("--exchange", metavar="E", help="Direct exchange bound to the queue (default STEM).")
-@click.option("--routing-key", metavar="K", help="The key of that binding (default STEM).")
-@click.option(
-    "--dead-letter-exchange",
-    metavar="X",
-    help="Where the queue's rejected messages go (default STEM.dlx).",
-)
-@click.option(
-    "--dead-letter-queue",
-    metavar="D",
-    help="Bound to X with key D; holds the dead letters (default STEM.dead).",
+@names_options(
+    (
+        "--queue",
+        "Q",
+        "Input queue (default claim.in). Its STEM (the name without a trailing .in)"
+        " names the others: invoice.in → invoice, invoice, invoice.dlx, invoice.dead.",
+    ),
+    ("--exchange", "E", "Direct exchange bound to the queue (default STEM)."),
+    ("--routing-key", "K", "The key of that binding (default STEM)."),
+    ("--dead-letter-exchange", "X", "Where the queue's rejected messages go (default STEM.dlx)."),
+    (
+        "--dead-letter-queue",
+        "D",
+        "Bound to X with key D; holds the dead letters (default STEM.dead).",
+    ),
 )
 @click.option(
     "--queue-type",

@@ -29,12 +29,8 @@ DEFAULT_DB = "processed.db"
 @click.command()
 @click.option("--stream", required=True, metavar="S", help="The stream.")
 @click.option("--durable", required=True, metavar="D", help="Its durable pull consumer.")
-@click.option(
-    "--required",
-    metavar="A,B",
-    help="Comma-separated fields a message must have besides its id.",
-)
 @consume_options(
+    required_help="Comma-separated fields a message must have besides its id.",
     prefetch_default=DEFAULT_PREFETCH,
     prefetch_help="Copies this consumer holds at most (one pull's batch), handled concurrently.",
     db_help="Ledger: an SQLite file (default ./processed.db; its folder must exist) or a"
