@@ -7,6 +7,7 @@ token changing nothing. With ONCEQ_SCREENSHOTS=DIR the three views are saved the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,16 +16,19 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 
+import nats_support
 from console_support import Served, dead_queue, run_apart, serve
-from onceq import Flow, MessageSpec, PythonEffect, RabbitSource, Reject, RetryPolicy
+from onceq import Flow, MessageSpec, NatsSource, PythonEffect, RabbitSource, Reject, RetryPolicy
 from onceq._console.server import ConsoleThread, url_of
 from onceq._console.state import ConsoleState
 from onceq.errors import AllFailed
@@ -284,3 +288,71 @@ def test_purge_with_confirmation_on_rabbitmq(page: Any, amqp_url: str, tmp_path:
         assert page.locator("tr[data-key='INV-1']").count() == 0
     with __import__("sqlite3").connect(ledger) as db:
         assert db.execute("SELECT op, ids FROM dead_ops").fetchall() == [("purge", '["INV-1"]')]
+
+
+def apart(fn: Any, *args: Any) -> Any:
+    """fn(*args) in a thread of its own: the NATS helpers run their own event loop, and
+    Playwright's sync API keeps one running in the test's thread."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+@pytest.fixture
+def nats_names() -> Iterator[nats_support.Names]:
+    """Stream, subject and durable names of one's own on the shared NATS server, as
+    nats_support's fixture makes them; the streams deleted apart afterwards."""
+    if not nats_support.server_answers():
+        msg = f"NATS JetStream is not answering at {nats_support.URL}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    tag = uuid.uuid4().hex[:10]
+    names = nats_support.Names(nats_support.URL, f"T{tag}", f"onceq.test.{tag}", f"d{tag}")
+    try:
+        yield names
+    finally:
+        streams = [names.stream, names.dead_stream]
+        apart(asyncio.run, nats_support._delete(names.url, streams))
+
+
+def test_each_flows_depths_show_under_its_source_types_labels(
+    page: Any, nats_names: nats_support.Names, tmp_path: Path
+) -> None:
+    """The depth columns are what each flow's source type labels (the server says so):
+    a directory queue's folders and a NATS consumer's pending, ack pending,
+    redelivering and dead, side by side; a flow shows "–" under another kind's column."""
+    dirq, _root, ledger = dead_queue(tmp_path)
+    apart(nats_support.setup, nats_names)
+    apart(nats_support.publish, nats_names, [(json.dumps({"id": "n-dead"}).encode(), {})])
+    flow = Flow(
+        "n",
+        NatsSource(nats_names.stream, nats_names.durable, url=nats_names.url),
+        MessageSpec(id_field="id"),
+        effect=PythonEffect(reject_all),
+        retry=RetryPolicy.none(),
+    )
+    with pytest.raises(AllFailed):  # its one message refused: dead
+        run_apart(flow, ledger)
+    more = [(json.dumps({"id": f"n-{i}"}).encode(), {}) for i in range(2)]
+    apart(nats_support.publish, nats_names, more)
+    port = free_port()
+    console = ConsoleThread(ConsoleState([dirq, flow], ledger), "127.0.0.1", port, None)
+    console.start()
+    try:
+        page.goto(url_of("127.0.0.1", port).rstrip("/") + "/#/flows")
+        nats_row = page.locator("table.flows tr[data-flow=n]")
+        playwright_api.expect(nats_row.locator("td[data-depth=pending]")).to_have_text("2")
+        playwright_api.expect(nats_row.locator("td[data-depth=ack_pending]")).to_have_text("0")
+        playwright_api.expect(nats_row.locator("td[data-depth=redelivering]")).to_have_text("0")
+        playwright_api.expect(nats_row.locator("td[data-depth=dead]")).to_have_text("1")
+        playwright_api.expect(nats_row.locator("td[data-depth=inbox]")).to_have_text("–")
+        dirq_row = page.locator("table.flows tr[data-flow=f]")
+        playwright_api.expect(dirq_row.locator("td[data-depth=error]")).to_have_text("4")
+        playwright_api.expect(dirq_row.locator("td[data-depth=pending]")).to_have_text("–")
+        headers = page.locator("table.flows thead th").all_text_contents()
+        for label in ("inbox", "error", "oldest", "pending", "ack pending", "redelivering", "dead"):
+            assert headers.count(label) == 1, (label, headers)
+        # The row's cells line up under the headers: one cell per column.
+        assert nats_row.locator("td").count() == len(headers)
+    finally:
+        console.close()

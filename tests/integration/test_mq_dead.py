@@ -253,6 +253,8 @@ REFUSALS = [
     (("replay", "--id", "x", "--all"), 2, "--all and --id"),
     (("replay", "--all", "--rate", "0"), 2, "--rate"),
     (("replay", "--all", "--rate", "-3"), 2, "--rate"),
+    (("replay", "--all", "--rate", "nan"), 2, "--rate"),
+    (("replay", "--all", "--rate", "inf"), 2, "--rate"),
     (("purge", "--reason", "http-422"), 2, "--yes"),
     (("purge", "--yes"), 2, "give --all"),
     (("replay", "--all", "--queue", "nope.in"), 3, "nope.dead"),

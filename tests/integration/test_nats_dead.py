@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
+from mq_dead_support import ledger_dump
 from mq_support import EXERCISE, partner
 from nats_support import (  # noqa: F401
     Names,
@@ -133,3 +136,67 @@ def test_the_console_reads_and_acts_through_the_source_type(
         assert (done.matched, done.done) == (1, 1) and done.op is not None
         left = asyncio.run(stype.dead_items(flow, ledger, DeadSelection()))
         assert [i.key for i in left] == ["bad-2"]
+
+
+def _dead_invoices(names: Names, tmp_path: Path, n: int, p: Any) -> tuple[Path, list[str]]:
+    """n invoices the partner rejects (422: a negative total), consumed into dead letters."""
+    setup(names)
+    ids = [f"INV-R{i}" for i in range(n)]
+    body = json.loads((INVOICES / "inv-005-negative.json").read_bytes())
+    publish(names, [(json.dumps({**body, "invoiceId": i}).encode(), {}) for i in ids])
+    db = tmp_path / "l.db"
+    r = _consume(names, p, db)
+    assert r.returncode == 11 and json.loads(r.stdout)["dead"] == n, r.stderr
+    return db, ids
+
+
+def _consume(names: Names, p: Any, db: Path) -> subprocess.CompletedProcess[str]:
+    # --no-guard: every message is meant to be rejected alike (not a misconfiguration).
+    where = ["--stream", names.stream, "--durable", names.durable, "--flow", "invoices"]
+    return cli(
+        names, "consume", *where, "--id-field", "invoiceId", "--url", f"{p.url}/api/invoices",
+        "--db", str(db), "--until-empty", "--json", "--no-guard", *EXERCISE,
+    )  # fmt: skip
+
+
+def test_rate_paces_the_replay(nats_names: Names, tmp_path: Path) -> None:
+    n, rate = 20, 10.0
+    with partner(kind="invoices") as p:
+        db, ids = _dead_invoices(nats_names, tmp_path, n, p)
+        assert all(p.stats()["by_id"][i] == 1 for i in ids)
+        start = time.monotonic()
+        r = dead(nats_names, "replay", db, "--all", "--rate", str(rate))
+        wall = time.monotonic() - start
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["replayed"] == n
+        # n publishes at most `rate` per second: the last one no earlier than (n-1)/rate.
+        assert wall >= (n - 1) / rate
+        assert wall < (n - 1) / rate + 20  # paced, not stuck (a loaded 2-core machine)
+        state = consumer_state(nats_names)
+        assert (state["dead"], state["pending"]) == (0, n)
+        # Every replayed copy reaches the partner once: each id one call more, none twice.
+        r = _consume(nats_names, p, db)
+        assert r.returncode == 11 and json.loads(r.stdout)["dead"] == n, r.stderr
+        assert {i: p.stats()["by_id"][i] for i in ids} == {i: 2 for i in ids}
+    with sqlite3.connect(db) as conn:
+        ops = conn.execute("SELECT op, count FROM dead_ops ORDER BY id").fetchall()
+        replays = conn.execute("SELECT COUNT(*) FROM replays").fetchone()[0]
+    assert ops == [("replay", n)] and replays == n
+
+
+BAD_RATES = ["0", "-3", "nan", "inf", "abc"]
+
+
+def test_a_bad_rate_is_refused_in_one_line_and_changes_nothing(
+    nats_names: Names, tmp_path: Path
+) -> None:
+    with partner(kind="invoices") as p:
+        db, _ids = _dead_invoices(nats_names, tmp_path, 2, p)
+    before, rows = consumer_state(nats_names), ledger_dump(db)
+    for bad in BAD_RATES:
+        r = dead(nats_names, "replay", db, "--all", "--rate", bad)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert r.stdout == "" and r.stderr.count("\n") == 1, (bad, r.stderr)
+        assert r.stderr.startswith("onceq: nats dead replay: Invalid value for '--rate'"), r.stderr
+        assert "Traceback" not in r.stderr
+    assert consumer_state(nats_names) == before and ledger_dump(db) == rows

@@ -3,8 +3,6 @@ properties. Pure functions; the broker side is tests/integration/test_mq_dead.py
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +12,6 @@ from onceq._sources.amqp.dead_letter import (
     UNKNOWN,
     DeadLetter,
     Death,
-    Pacer,
     Selection,
     copy_id_of,
     deaths_of,
@@ -159,15 +156,3 @@ def test_a_non_utf8_property_cannot_be_republished() -> None:
     odd = letter(properties=Basic.Properties(priority=256))
     assert republish_problem(odd).startswith("its properties cannot be encoded again")
     assert republish_problem(letter(properties=Basic.Properties(message_id="ok"))) == ""
-
-
-def test_pacer_spaces_publishes() -> None:
-    async def run(n: int, rate: float | None) -> float:
-        pacer = Pacer(rate)
-        start = time.monotonic()
-        for _ in range(n):
-            await pacer.wait()
-        return time.monotonic() - start
-
-    assert asyncio.run(run(5, 20.0)) >= 4 / 20.0
-    assert asyncio.run(run(50, None)) < 0.5

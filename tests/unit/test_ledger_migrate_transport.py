@@ -1,7 +1,8 @@
 """Schema 4 (issue 21): dead_ops.transport checks a source tag's shape, not a list.
 
-A schema-3 SQLite ledger and a version-1 PostgreSQL ledger (their DDL verbatim, rows
-in dead_ops, an operator's index) are migrated in place: every row kept, the new
+A schema-3 SQLite ledger and a version-1 PostgreSQL ledger (today's DDL but for that
+check, as tests/ledger_support.py and make_v1_pg_ledger build them; rows in dead_ops,
+an operator's index) are migrated in place: every row kept, the new
 source 'nats' accepted afterwards, a malformed tag still refused by the database
 itself, not only by `start_op`'s check.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from ledger_support import V3_TRANSPORT_CHECK, dump, old_ledger, q
 from onceq._ledger.pg.schema import DDL as PG_DDL
 from onceq._ledger.pg.schema import TRANSPORT_CHECK as PG_TRANSPORT_CHECK
 from onceq._ledger.pg.schema import VERSION as PG_VERSION
@@ -23,82 +25,6 @@ from onceq._ledger.sqlite import Ledger
 from onceq._ledger.target import open_ledger
 from onceq.errors import LedgerError
 from support import open_db
-
-# Schema 3's DDL, verbatim from `git show 33a8472:src/onceq/_ledger/schema.py`.
-V3_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    flow              TEXT NOT NULL,             -- the flow's name: dedup is per flow
-    msg_id            TEXT NOT NULL,
-    grp               TEXT,                      -- the flow's group field (order_no, claimId)
-    seq               INTEGER,                   -- the flow's sequence field
-    kept              TEXT NOT NULL DEFAULT '{}',-- the flow's keep paths, a JSON object
-    partner_duplicate INTEGER NOT NULL DEFAULT 0,-- the partner said it already had it
-    processed_at      TEXT NOT NULL,             -- UTC, ISO 8601
-    source            TEXT NOT NULL,             -- dirq | amqp
-    ref               TEXT,                      -- the file name / delivery that took effect
-    PRIMARY KEY (flow, msg_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS duplicates (
-    flow    TEXT NOT NULL,
-    msg_id  TEXT NOT NULL,
-    ref     TEXT NOT NULL,
-    seen_at TEXT NOT NULL,
-    PRIMARY KEY (flow, msg_id, ref) -- a recovered copy is not counted twice
-);
-CREATE TABLE IF NOT EXISTS failures (
-    id      INTEGER PRIMARY KEY,
-    flow    TEXT NOT NULL,
-    msg_id  TEXT,                   -- NULL when the message never parsed
-    ref     TEXT NOT NULL,
-    source  TEXT NOT NULL,
-    reason  TEXT NOT NULL,          -- parse, missing-field, http-422, sql-rejected …
-    detail  TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL,
-    action  TEXT NOT NULL,          -- requeue | delay | dead
-    at      TEXT NOT NULL,
-    delay_s REAL                    -- the retry tier's delay (NULL unless action = delay)
-);
-CREATE INDEX IF NOT EXISTS failures_msg ON failures(flow, msg_id);
-CREATE INDEX IF NOT EXISTS failures_ref ON failures(ref);
--- A replay gives a dead message its retries again: the failures of its msg_id with
--- id <= reset_after no longer count as attempts (reset_after = max(failures.id) of
--- the msg_id when it was replayed, 0 when the msg_id is not known).
-CREATE TABLE IF NOT EXISTS replays (
-    id          INTEGER PRIMARY KEY,
-    flow        TEXT NOT NULL,
-    ref         TEXT NOT NULL,
-    at          TEXT NOT NULL,
-    msg_id      TEXT,
-    op          INTEGER,                    -- dead_ops.id, NULL for a single-file replay
-    reset_after INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS replays_msg ON replays(flow, msg_id);
--- The audit of every dead-letter operation: when, what, which filter, how many.
--- finished_at stays NULL while it runs, and for good when it was killed.
-CREATE TABLE IF NOT EXISTS dead_ops (
-    id          INTEGER PRIMARY KEY,
-    flow        TEXT NOT NULL,
-    transport   TEXT NOT NULL CHECK (transport IN ('amqp', 'dirq')),
-    op          TEXT NOT NULL CHECK (op IN ('replay', 'purge')),
-    filter      TEXT NOT NULL DEFAULT '{}', -- the filter as given, a JSON object
-    queue       TEXT NOT NULL DEFAULT '',
-    started_at  TEXT NOT NULL,
-    finished_at TEXT,
-    count       INTEGER NOT NULL DEFAULT 0, -- messages replayed / purged so far
-    ids         TEXT NOT NULL DEFAULT '[]'  -- purge: the msg_ids / refs it removed
-);
-CREATE TABLE IF NOT EXISTS consumers (
-    flow       TEXT NOT NULL,
-    consumer   TEXT NOT NULL,             -- host:pid:n (onceq._ops.heartbeat)
-    host       TEXT NOT NULL,
-    pid        INTEGER NOT NULL,
-    started_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,             -- older than 3 x every_s: the consumer died
-    every_s    REAL NOT NULL,             -- how often it publishes
-    state      TEXT NOT NULL DEFAULT '{}',-- JSON: status, breaker, in_flight, connected …
-    PRIMARY KEY (flow, consumer)
-);
-"""
 
 T = "2026-11-01T00:00:0{}.000000+00:00"
 # (id, flow, transport, op, filter, queue, started_at, finished_at, count, ids)
@@ -134,44 +60,16 @@ MALFORMED = ["Nats", "", "dead-letter", "a" * 33, "q.dead", "1amqp", "nats ", "n
 
 
 def make_v3_ledger(path: Path, *, extra: str = "") -> Path:
-    with open_db(path) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(V3_SCHEMA)
-        conn.execute("DROP TABLE consumers")  # additive: a schema-3 ledger may lack it
-        conn.executemany("INSERT INTO dead_ops VALUES (?,?,?,?,?,?,?,?,?,?)", V3_DEAD_OPS)
-        conn.executemany("INSERT INTO replays VALUES (?,?,?,?,?,?,?)", V3_REPLAYS)
-        # An operator's index and trigger on dead_ops: the rebuild must keep them.
-        conn.execute("CREATE INDEX dead_ops_started ON dead_ops(flow, started_at)")
-        conn.execute("CREATE TABLE op_log (op_id INTEGER)")
-        conn.execute(
-            "CREATE TRIGGER dead_ops_log AFTER INSERT ON dead_ops"
-            " BEGIN INSERT INTO op_log VALUES (new.id); END"
-        )
-        if extra:
-            conn.executescript(extra)
-        conn.execute("PRAGMA user_version = 3")
-    return path
-
-
-def q(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with open_db(path) as conn:
-        return conn.execute(sql).fetchall()
-
-
-def dump(path: Path) -> tuple[int, list[str]]:
-    with open_db(path) as conn:
-        return conn.execute("PRAGMA user_version").fetchone()[0], list(conn.iterdump())
-
-
-def test_the_v3_schema_above_is_the_current_one_but_for_the_transport_check() -> None:
-    """The verbatim copy is schema 3: the migration's only change is that CHECK."""
-    from onceq._ledger.schema import SCHEMA, TRANSPORT_CHECK
-
-    old = "CHECK (transport IN ('amqp', 'dirq'))"
-    assert V3_SCHEMA.count(old) == 1
-    new = V3_SCHEMA.replace(old, f"CHECK ({TRANSPORT_CHECK})")
-    strip = lambda s: [ln.split("--")[0].rstrip() for ln in s.splitlines()]  # noqa: E731
-    assert strip(new) == strip(SCHEMA)
+    # An operator's index and trigger on dead_ops: the rebuild must keep them. No
+    # consumers table: it came additively, so a schema-3 ledger may lack it.
+    own = (
+        "CREATE INDEX dead_ops_started ON dead_ops(flow, started_at);"
+        " CREATE TABLE op_log (op_id INTEGER);"
+        " CREATE TRIGGER dead_ops_log AFTER INSERT ON dead_ops"
+        " BEGIN INSERT INTO op_log VALUES (new.id); END;"
+    )
+    rows = {"dead_ops": V3_DEAD_OPS, "replays": V3_REPLAYS}
+    return old_ledger(path, 3, rows, drop=("consumers",), extra=own + extra)
 
 
 def test_a_schema_3_ledger_is_migrated_with_its_dead_ops_and_accepts_nats(tmp_path: Path) -> None:
@@ -245,8 +143,8 @@ def test_a_new_ledger_of_either_kind_accepts_any_well_formed_tag(ledger_target: 
 # --- PostgreSQL ------------------------------------------------------------------------
 
 # Version 1's DDL: today's but for the transport CHECK, as version 1 wrote it (unnamed:
-# PostgreSQL named it dead_ops_transport_check).
-V1_CHECK = "CHECK (transport IN ('amqp', 'dirq'))"
+# PostgreSQL named it dead_ops_transport_check): SQLite's schema 3's list.
+V1_CHECK = V3_TRANSPORT_CHECK
 
 
 def pg(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cli_support import invoke
+from ledger_support import dump, old_ledger, q
 from onceq._core.consumer import Consumer, Outcome
 from onceq._core.retry import RetryPolicy
 from onceq._core.transport import Delivery, Kind, Settle
@@ -21,49 +22,6 @@ from onceq._ledger.sqlite import Entry, Ledger
 from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerError
 from support import open_db
-
-# Schema 2's DDL, verbatim from `git show 357c42a:src/onceq/ledger_db.py`.
-V2_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    flow              TEXT NOT NULL,
-    msg_id            TEXT NOT NULL,
-    grp               TEXT,
-    seq               INTEGER,
-    kept              TEXT NOT NULL DEFAULT '{}',
-    partner_duplicate INTEGER NOT NULL DEFAULT 0,
-    processed_at      TEXT NOT NULL,
-    source            TEXT NOT NULL,
-    ref               TEXT,
-    PRIMARY KEY (flow, msg_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS duplicates (
-    flow    TEXT NOT NULL,
-    msg_id  TEXT NOT NULL,
-    ref     TEXT NOT NULL,
-    seen_at TEXT NOT NULL,
-    PRIMARY KEY (flow, msg_id, ref)
-);
-CREATE TABLE IF NOT EXISTS failures (
-    id      INTEGER PRIMARY KEY,
-    flow    TEXT NOT NULL,
-    msg_id  TEXT,
-    ref     TEXT NOT NULL,
-    source  TEXT NOT NULL,
-    reason  TEXT NOT NULL,
-    detail  TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL,
-    action  TEXT NOT NULL,
-    at      TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS failures_msg ON failures(flow, msg_id);
-CREATE INDEX IF NOT EXISTS failures_ref ON failures(ref);
-CREATE TABLE IF NOT EXISTS replays (
-    id   INTEGER PRIMARY KEY,
-    flow TEXT NOT NULL,
-    ref  TEXT NOT NULL,
-    at   TEXT NOT NULL
-);
-"""
 
 T = "2026-03-01T00:00:0{}.000000+00:00"
 V2_MESSAGES = [("default", "m-1", "A", 1, '{"amount":1}', 0, T.format(1), "dirq", "a.json")]
@@ -80,25 +38,13 @@ V2_REPLAYS = [(3, "default", "e.json", T.format(3))]
 
 
 def make_v2_ledger(path: Path) -> Path:
-    with open_db(path) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(V2_SCHEMA)
-        conn.executemany("INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)", V2_MESSAGES)
-        conn.executemany("INSERT INTO duplicates VALUES (?,?,?,?)", V2_DUPLICATES)
-        conn.executemany("INSERT INTO failures VALUES (?,?,?,?,?,?,?,?,?,?)", V2_FAILURES)
-        conn.executemany("INSERT INTO replays VALUES (?,?,?,?)", V2_REPLAYS)
-        conn.execute("PRAGMA user_version = 2")
-    return path
-
-
-def q(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with open_db(path) as conn:
-        return conn.execute(sql).fetchall()
-
-
-def dump(path: Path) -> tuple[int, list[str]]:
-    with open_db(path) as conn:
-        return conn.execute("PRAGMA user_version").fetchone()[0], list(conn.iterdump())
+    rows = {
+        "messages": V2_MESSAGES,
+        "duplicates": V2_DUPLICATES,
+        "failures": V2_FAILURES,
+        "replays": V2_REPLAYS,
+    }
+    return old_ledger(path, 2, rows)
 
 
 def failure(msg_id: str, ref: str, settle: Settle, reason: str = "http-503", **kw: Any) -> Entry:

@@ -13,8 +13,6 @@ from onceq._cli.lazy import LazyGroup
 from onceq._core.logs import setup as setup_logs
 from onceq._sources.amqp.url import amqp_url
 
-JSON_HELP = "Print the outcome as JSON."
-
 # name -> (module, command, the first sentence of its help), as onceq._cli.COMMANDS.
 LAZY = {
     "consume": (

@@ -6,14 +6,13 @@ from typing import Any
 
 import click
 
-from onceq._cli.db_option import db_option
+from onceq._cli.broker_consume_options import consume_options
 from onceq._cli.flow_flags import over_preset, own_flow
-from onceq._cli.flow_options import check_http_flags, flow_options, is_generic
+from onceq._cli.flow_options import check_http_flags, is_generic
 from onceq._cli.mq import cli_url
-from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for
-from onceq._cli.output import Seconds, emit_json, note_new_ledger, print_run_summary
+from onceq._cli.ops_options import pop_ops, telemetry_for
+from onceq._cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq._cli.progress import live_progress
-from onceq._cli.retry_options import retry_options
 from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
 from onceq._core.stop import Stop
@@ -39,43 +38,14 @@ from onceq.errors import UsageError
     metavar="QUEUE",
     help="The queue to consume (default claim.in); with --url, your own flow.",
 )
-@click.option(
-    "--required",
-    metavar="A,B",
-    help="Comma-separated fields a message must have besides its id (your own flow).",
+@consume_options(
+    required_help="Comma-separated fields a message must have besides its id (your own flow).",
+    prefetch_default=5,
+    prefetch_help="Unacked deliveries at most (basic_qos), handled concurrently.",
+    db_help="Ledger: an SQLite file (default: EAI_MQ_DB, else ./processed.db; its folder must"
+    " exist) or a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger).",
+    until_empty_help="A batch: stop once the queue is drained and nothing is in flight.",
 )
-@flow_options(timeout=False)
-@click.option(
-    "--max-seconds",
-    type=Seconds(min=0, min_open=True),
-    help="Stop taking messages after N seconds (default: run until SIGTERM/SIGINT).",
-)
-@click.option(
-    "--prefetch",
-    default=5,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Unacked deliveries at most (basic_qos), handled concurrently.",
-)
-@db_option(
-    "Ledger: an SQLite file (default: EAI_MQ_DB, else ./processed.db; its folder must"
-    " exist) or a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger)."
-)
-@click.option(
-    "--timeout",
-    default=10.0,
-    show_default=True,
-    type=Seconds(min=0, min_open=True),
-    help="Seconds per HTTP call before it counts as a timeout.",
-)
-@click.option(
-    "--until-empty",
-    is_flag=True,
-    help="A batch: stop once the queue is drained and nothing is in flight.",
-)
-@retry_options
-@ops_options
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     claim_url: str | None,
     queue: str | None,

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from onceq._cli.broker_options import rate_option
 from onceq._cli.mq_dead_output import print_body, print_change, print_list
 from onceq._cli.mq_dead_target import (
     change_filters,
@@ -99,12 +100,7 @@ def list_(reason: str | None, since: str | None, limit: int | None, **values: An
 @dead.command()
 @change_filters
 @click.option("--dry-run", is_flag=True, help="Change nothing; print what would move.")
-@click.option(
-    "--rate",
-    type=click.FloatRange(min=0, min_open=True),
-    metavar="N",
-    help="Publish at most N messages per second (default: as fast as confirmed).",
-)
+@rate_option()
 @click.option(
     "--body",
     "body_file",

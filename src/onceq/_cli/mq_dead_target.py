@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from onceq._cli.broker_options import JSON_HELP
 from onceq._cli.db_option import db_option
 from onceq._cli.flow_options import flow_name_option
 from onceq._cli.mq import cli_url
@@ -29,8 +30,6 @@ from onceq._sources.amqp.plugin import rabbit_of
 from onceq._sources.amqp.topology import Topology
 from onceq._sources.amqp.url import amqp_url
 from onceq.errors import NotFound, UsageError
-
-JSON_HELP = "Print the outcome as JSON."
 
 
 @dataclass(frozen=True)

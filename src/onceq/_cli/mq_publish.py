@@ -10,13 +10,13 @@ from pathlib import Path
 
 import click
 
-from onceq._cli.mq import JSON_HELP, cli_url
+from onceq._cli.broker_options import check_id_field, publish_options
+from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._core import loop as event_loop
-from onceq._core.fields import split_path as _split
 from onceq._sources.amqp.publisher import check_target, load_messages
 from onceq._sources.amqp.publisher import publish as do_publish
-from onceq.errors import Unroutable, UsageError
+from onceq.errors import Unroutable
 
 
 @click.command()
@@ -32,21 +32,7 @@ from onceq.errors import Unroutable, UsageError
     help='Exchange to publish to ("" = the default exchange, routed by queue name).',
 )
 @click.option("--routing-key", default="claim", show_default=True, metavar="K", help="Routing key.")
-@click.option(
-    "--id-field",
-    default="guid",
-    show_default=True,
-    metavar="F",
-    help="JSON field (a dotted path: invoice.id) whose value becomes message_id.",
-)
-@click.option(
-    "--window",
-    default=256,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Publisher confirms outstanding at once.",
-)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@publish_options(id_header="message_id", window_help="Publisher confirms outstanding at once.")
 def publish(
     files: tuple[str, ...],
     exchange: str,
@@ -68,10 +54,7 @@ def publish(
       onceq mq publish claims/*.json --json
       onceq mq publish inv/*.json --exchange invoice --routing-key invoice --id-field invoiceId
     """
-    try:
-        _split(id_field, "id_field")  # the consumer's rule for a path, so both sides agree
-    except UsageError:
-        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path") from None
+    check_id_field(id_field)
     check_target(exchange, routing_key)
     url = cli_url()
     messages = load_messages([Path(f) for f in files], id_field)

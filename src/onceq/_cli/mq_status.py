@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from onceq._cli.broker_options import JSON_HELP
 from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._cli.retry_options import retry_from_values, retry_options
@@ -15,8 +16,6 @@ from onceq._sources.amqp.depths import management_api, topology_queues
 from onceq._sources.amqp.status import read_status
 from onceq._sources.amqp.topology import Topology, name_problem
 from onceq.errors import UsageError
-
-JSON_HELP = "Print the outcome as JSON."
 
 
 @click.command()

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from onceq._cli.mq import JSON_HELP, cli_url
+from onceq._cli.broker_options import names_options, setup_options
+from onceq._cli.mq import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._cli.retry_options import retry_from_values, retry_options
 from onceq._cli.run import load_or_exit
@@ -22,23 +23,21 @@ from onceq.errors import UsageError
 
 
 @click.command()
-@click.option(
-    "--queue",
-    metavar="Q",
-    help="Input queue (default claim.in). Its STEM (the name without a trailing .in)"
-    " names the others: invoice.in → invoice, invoice, invoice.dlx, invoice.dead.",
-)
-@click.option("--exchange", metavar="E", help="Direct exchange bound to the queue (default STEM).")
-@click.option("--routing-key", metavar="K", help="The key of that binding (default STEM).")
-@click.option(
-    "--dead-letter-exchange",
-    metavar="X",
-    help="Where the queue's rejected messages go (default STEM.dlx).",
-)
-@click.option(
-    "--dead-letter-queue",
-    metavar="D",
-    help="Bound to X with key D; holds the dead letters (default STEM.dead).",
+@names_options(
+    (
+        "--queue",
+        "Q",
+        "Input queue (default claim.in). Its STEM (the name without a trailing .in)"
+        " names the others: invoice.in → invoice, invoice, invoice.dlx, invoice.dead.",
+    ),
+    ("--exchange", "E", "Direct exchange bound to the queue (default STEM)."),
+    ("--routing-key", "K", "The key of that binding (default STEM)."),
+    ("--dead-letter-exchange", "X", "Where the queue's rejected messages go (default STEM.dlx)."),
+    (
+        "--dead-letter-queue",
+        "D",
+        "Bound to X with key D; holds the dead letters (default STEM.dead).",
+    ),
 )
 @click.option(
     "--queue-type",
@@ -46,15 +45,10 @@ from onceq.errors import UsageError
     help="classic (default: the exercise's objects) or quorum: the work queue, its"
     " dead-letter queue and its retry queues replicated (docs/mq.md, Quorum queues).",
 )
-@click.option(
-    "--flows",
-    "flow_file",
-    metavar="FILE",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Declare the names of every rabbitmq flow of this flow file instead.",
+@setup_options(
+    flows_help="Declare the names of every rabbitmq flow of this flow file instead.",
+    between=(retry_options(breaker=False),),
 )
-@retry_options(breaker=False)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def topology(
     queue: str | None,
     exchange: str | None,

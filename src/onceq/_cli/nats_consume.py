@@ -7,14 +7,13 @@ from typing import Any
 
 import click
 
-from onceq._cli.db_option import db_option
+from onceq._cli.broker_consume_options import consume_options
 from onceq._cli.flow_flags import own_flow
-from onceq._cli.flow_options import check_http_flags, flow_options
+from onceq._cli.flow_options import check_http_flags
 from onceq._cli.nats import cli_url
-from onceq._cli.ops_options import ops_options, pop_ops, telemetry_for
-from onceq._cli.output import Seconds, emit_json, note_new_ledger, print_run_summary
+from onceq._cli.ops_options import pop_ops, telemetry_for
+from onceq._cli.output import emit_json, note_new_ledger, print_run_summary
 from onceq._cli.progress import live_progress
-from onceq._cli.retry_options import retry_options
 from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
 from onceq._core.stop import Stop
@@ -30,43 +29,14 @@ DEFAULT_DB = "processed.db"
 @click.command()
 @click.option("--stream", required=True, metavar="S", help="The stream.")
 @click.option("--durable", required=True, metavar="D", help="Its durable pull consumer.")
-@click.option(
-    "--required",
-    metavar="A,B",
-    help="Comma-separated fields a message must have besides its id.",
+@consume_options(
+    required_help="Comma-separated fields a message must have besides its id.",
+    prefetch_default=DEFAULT_PREFETCH,
+    prefetch_help="Copies this consumer holds at most (one pull's batch), handled concurrently.",
+    db_help="Ledger: an SQLite file (default ./processed.db; its folder must exist) or a"
+    " postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger).",
+    until_empty_help="A batch: stop once the consumer has nothing pending and nothing in flight.",
 )
-@flow_options(timeout=False)
-@click.option(
-    "--max-seconds",
-    type=Seconds(min=0, min_open=True),
-    help="Stop taking messages after N seconds (default: run until SIGTERM/SIGINT).",
-)
-@click.option(
-    "--prefetch",
-    default=DEFAULT_PREFETCH,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Copies this consumer holds at most (one pull's batch), handled concurrently.",
-)
-@db_option(
-    "Ledger: an SQLite file (default ./processed.db; its folder must exist) or a"
-    " postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL (a shared ledger)."
-)
-@click.option(
-    "--timeout",
-    default=10.0,
-    show_default=True,
-    type=Seconds(min=0, min_open=True),
-    help="Seconds per HTTP call before it counts as a timeout.",
-)
-@click.option(
-    "--until-empty",
-    is_flag=True,
-    help="A batch: stop once the consumer has nothing pending and nothing in flight.",
-)
-@retry_options
-@ops_options
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def consume(
     stream: str,
     durable: str,

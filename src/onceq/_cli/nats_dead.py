@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
+from onceq._cli.broker_options import JSON_HELP, rate_option
 from onceq._cli.db_option import db_option
 from onceq._cli.flow_options import flow_name_option
-from onceq._cli.nats import JSON_HELP, cli_url
+from onceq._cli.nats import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._core import loop as event_loop
 from onceq._ledger.target import Target, describe
@@ -89,6 +90,7 @@ def _go(action: str, values: dict[str, Any]) -> None:
                 ledger,
                 Selection(all_, ids, reason),
                 dry_run=bool(values.get("dry_run")),
+                rate=values.get("rate"),
                 confirm=None if action != "purge" or yes else _ask(source.stream),
             )
         )
@@ -138,14 +140,20 @@ def list_(**values: Any) -> None:
 
 @dead.command()
 @_options(change=True)
+@rate_option()
 def replay(**values: Any) -> None:
     """Reset their attempts in the ledger, publish each back to the work subject
     (PubAck awaited), then delete the dead letter.
+
+    --rate N publishes at most N copies per second (the first at once, copy i no
+    earlier than i/N seconds after it), so a partner that just recovered is not hit
+    by every dead letter at once.
 
     \b
     Example:
       onceq nats dead replay --stream INVOICES --durable worker --db ./nats.db --id INV-6
       onceq nats dead replay --stream INVOICES --durable worker --reason http-503 --dry-run
+      onceq nats dead replay --stream INVOICES --durable worker --db ./nats.db --all --rate 50
     """
     _go("replay", values)
 

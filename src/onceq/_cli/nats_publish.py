@@ -6,34 +6,20 @@ from pathlib import Path
 
 import click
 
-from onceq._cli.nats import JSON_HELP, cli_url
+from onceq._cli.broker_options import check_id_field, publish_options
+from onceq._cli.nats import cli_url
 from onceq._cli.output import console, emit_json
 from onceq._core import loop as event_loop
-from onceq._core.fields import split_path as _split
 from onceq._sources.message_files import load_messages
 from onceq._sources.nats.publisher import check_subject
 from onceq._sources.nats.publisher import publish as do_publish
-from onceq.errors import Unroutable, UsageError
+from onceq.errors import Unroutable
 
 
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--subject", required=True, metavar="SUBJ", help="The subject to publish to.")
-@click.option(
-    "--id-field",
-    default="guid",
-    show_default=True,
-    metavar="F",
-    help="JSON field (a dotted path: invoice.id) whose value becomes Nats-Msg-Id.",
-)
-@click.option(
-    "--window",
-    default=256,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Publishes awaiting their PubAck at once.",
-)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@publish_options(id_header="Nats-Msg-Id", window_help="Publishes awaiting their PubAck at once.")
 def publish(
     files: tuple[str, ...], subject: str, id_field: str, window: int, as_json: bool
 ) -> None:
@@ -50,10 +36,7 @@ def publish(
     Example:
       onceq nats publish invoices/*.json --subject invoices --id-field invoiceId --json
     """
-    try:
-        _split(id_field, "id_field")  # the consumer's rule for a path, so both sides agree
-    except UsageError:
-        raise UsageError(f"--id-field: {id_field!r}: not a field name or dotted path") from None
+    check_id_field(id_field)
     check_subject(subject)
     url = cli_url()
     messages = load_messages([Path(f) for f in files], id_field)

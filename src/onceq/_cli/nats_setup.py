@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from onceq._cli.nats import JSON_HELP, cli_url
+from onceq._cli.broker_options import names_options, setup_options
+from onceq._cli.nats import cli_url
 from onceq._cli.output import Seconds, console, emit_json
 from onceq._cli.run import load_or_exit
 from onceq._core import loop as event_loop
@@ -23,13 +24,15 @@ from onceq.errors import UsageError
 
 
 @click.command()
-@click.option("--stream", metavar="S", help="The stream (work-queue retention).")
-@click.option("--subject", metavar="SUBJ", help="The subject the stream takes.")
-@click.option("--durable", metavar="D", help="The durable pull consumer's name.")
-@click.option(
-    "--dead-subject",
-    metavar="SUBJ",
-    help="Where dead letters go (default onceq.dead.S), kept in the stream S_DEAD.",
+@names_options(
+    ("--stream", "S", "The stream (work-queue retention)."),
+    ("--subject", "SUBJ", "The subject the stream takes."),
+    ("--durable", "D", "The durable pull consumer's name."),
+    (
+        "--dead-subject",
+        "SUBJ",
+        "Where dead letters go (default onceq.dead.S), kept in the stream S_DEAD.",
+    ),
 )
 @click.option(
     "--ack-wait",
@@ -47,14 +50,7 @@ from onceq.errors import UsageError
     type=click.IntRange(-1),
     help="MaxDeliver (-1: no bound, the default: the ledger counts attempts).",
 )
-@click.option(
-    "--flows",
-    "flow_file",
-    metavar="FILE",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Set up every nats flow of this flow file instead.",
-)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@setup_options(flows_help="Set up every nats flow of this flow file instead.")
 def setup(
     stream: str | None,
     subject: str | None,

@@ -83,10 +83,29 @@ MESSAGE = {
         ),
     ]
 }
+# One labelled depth of a flow's queue, as its source type names it (the page's columns).
+DEPTH = _obj(
+    ["key", "label", "value", "unit"],
+    key=_STR,
+    label=_STR,
+    value={"type": "number", "nullable": True},
+    unit=_NSTR,
+)
 FLOW = _obj(
-    ["source", "queue", "queue_error", "ledger", "consumers", "breaker", "rates", "actions"],
+    [
+        "source",
+        "queue",
+        "depths",
+        "queue_error",
+        "ledger",
+        "consumers",
+        "breaker",
+        "rates",
+        "actions",
+    ],
     source=_NSTR,
     queue={"type": "object", "nullable": True},
+    depths={"type": "array", "items": DEPTH},
     queue_error=_NSTR,
     ledger={"type": "object", "nullable": True},
     consumers={"type": "array", "items": {"type": "object"}},

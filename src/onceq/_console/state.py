@@ -60,6 +60,9 @@ class ConsoleState:
             self.history.add(name, entry.get("ledger"))
             entry["rates"] = self.history.rates(name)
             entry["actions"] = [] if self.read_only else sorted(self._type(name).dead_actions)
+            # The page's depth columns, labelled by the flow's source type (whatever its kind).
+            queue = entry.get("queue")
+            entry["depths"] = self._type(name).labelled_depths(queue) if queue else []
         doc["read_only"] = self.read_only
         return doc
 

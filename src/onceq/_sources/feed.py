@@ -85,8 +85,12 @@ class BrokerFeed(Feed):
     """A broker's consumer (RabbitMQ, NATS): it runs until its transport is stopped, and
     a stop may take `grace` seconds to finish what is in flight.
 
-    Subclasses set `grace` (`call_grace(flow)`), `log`, `task_name` and `unsettled_go`
-    (where unfinished copies go, for the grace's warning).
+    What both brokers share lives here: the loop's bounds from the flow's prefetch, a
+    check that opens the transport (so a broker that refuses leaves no ledger behind),
+    consuming between the transport's start and close, and the drained/unsettled
+    report. The transport has `open`, `start`, `close`, `stopped` (an Event),
+    `drained` and `unsettled`. Subclasses build the transport and set `log`,
+    `task_name` and `unsettled_go` (where unfinished copies go, for the grace's warning).
     """
 
     log = logging.getLogger("onceq.consume")
@@ -94,9 +98,17 @@ class BrokerFeed(Feed):
     unsettled_go = "they return to the queue"
     grace = DEFAULT_TIMEOUT + 5.0
 
-    def __init__(self, transport: Any = None) -> None:
+    def __init__(self, transport: Any, flow: Any, until_empty: bool) -> None:
         super().__init__(transport)
         self.aborted = False  # a second signal cut the grace short
+        self.until_empty = until_empty
+        self._closed = False
+        # The broker bounds unacked deliveries by prefetch (a NATS pull brings as many);
+        # the loop handles as many at once, so a slow partner sees prefetch calls in
+        # parallel, and one commit groups at most that many outcomes.
+        self.prefetch = int(flow.source.prefetch)
+        self.max_group = max(self.prefetch, 1)
+        self.grace = call_grace(flow)
 
     async def drive(self, consumer: Any, stop: Stop) -> Stats:
         """Run the consumer until it ends or the stop; the grace bounds a stop's finishing.
@@ -131,3 +143,35 @@ class BrokerFeed(Feed):
                 return stats
         result: Stats = run.result()  # raises the ledger's error, if it failed
         return result
+
+    def max_in_flight(self, calls: bool) -> int:
+        return self.prefetch
+
+    async def check(self) -> None:
+        await self.transport.open()
+
+    @contextlib.asynccontextmanager
+    async def consuming(self) -> AsyncIterator[Any]:
+        await self.transport.start()
+        try:
+            yield self.transport
+        finally:
+            await self.aclose()  # before the ledger closes: nothing unsettled is kept
+
+    def stopped(self) -> Callable[[], bool] | None:
+        stopped: Callable[[], bool] = self.transport.stopped.is_set
+        return stopped
+
+    def report(self) -> dict[str, Any]:
+        # Drained only if the transport saw the queue empty: a stop (signal, deadline)
+        # that came first leaves the batch unfinished, whatever it had settled.
+        return {
+            "drained": bool(self.transport.drained) if self.until_empty else False,
+            "unsettled": self.transport.unsettled,
+            "aborted": self.aborted,
+        }
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.transport.close()

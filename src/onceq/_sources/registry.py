@@ -85,6 +85,12 @@ class SourceType:
         """Why this flow's running consumer is unhealthy for /healthz, from its source, or None."""
         return None
 
+    def labelled_depths(self, queue: dict[str, Any]) -> list[dict[str, Any]]:
+        """`status_depths`'s doc as the console's columns, in order: [{"key", "label",
+        "value", "unit"}]; kinds that mean the same share a key ("dead"), `unit` is None
+        or "s". The page shows whatever a kind gives, so a new kind needs no page change."""
+        return []
+
     # -- dead letters (the console; onceq._sources.dead_api) -----------------------------
     # What the console may do with this kind's dead letters: "replay", "purge".
     dead_actions: frozenset[str] = frozenset()

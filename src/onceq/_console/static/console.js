@@ -72,19 +72,29 @@ function spark(values) {
   return svg;
 }
 
-// The four depths of a flow's queue, whatever its kind: ready, in flight, retry, dead.
-function depths(q) {
-  if (!q) return [null, null, null, null, null];
-  if (q.kind === "dirq") return [q.inbox, q.processing, q.retry, q.error, q.oldest_age_s];
-  const sum = (state, key) => q.queues.filter((x) => x.state === state).reduce((a, x) => a + (x[key] || 0), 0);
-  return [sum("ready", "ready"), sum("ready", "unacked"), sum("retry", "ready"), sum("dead", "ready"), null];
+// The depth columns: every labelled depth the server gives for the flows' queues (each
+// source type names its own: a directory queue's folders, a broker's ready and in
+// flight, a consumer's pending), in the order they first come; a flow shows "–" under
+// a column its kind has not. Nothing here knows a kind of source.
+function depthColumns(flows) {
+  const cols = new Map();
+  for (const f of flows) for (const d of f.depths || []) if (!cols.has(d.key)) cols.set(d.key, d.label);
+  return cols;
+}
+
+function depthCell(d, key) {
+  const cell = num(d === undefined || d.value === null ? null
+    : d.unit ? d.value.toFixed(0) + " " + d.unit : d.value);
+  cell.setAttribute("data-depth", key);
+  return cell;
 }
 
 async function showFlows(view) {
   const doc = await api("/api/flows");
+  const cols = depthColumns(Object.values(doc.flows));
   const rows = Object.entries(doc.flows).map(([name, f]) => {
     const r = (f.rates && f.rates.per_minute) || {};
-    const [ready, inflight, retry, dead, oldest] = depths(f.queue);
+    const mine = new Map((f.depths || []).map((d) => [d.key, d]));
     const consumers = f.consumers.map((c) =>
       el("div", { class: c.stale ? "bad" : "" }, c.host + " pid " + c.pid + " · " +
         (c.age_s === null ? "?" : c.age_s.toFixed(0) + " s ago") + (c.stale ? " · stale" : " · " + c.status)));
@@ -92,8 +102,7 @@ async function showFlows(view) {
       el("td", {}, el("strong", {}, name), el("div", { class: "muted" }, f.source || "")),
       num(r.done), num(r.duplicate), num(r.retried), num(r.dead),
       el("td", {}, spark((f.rates && f.rates.spark) || [])),
-      num(ready), num(inflight), num(retry), num(dead),
-      num(oldest === null || oldest === undefined ? null : oldest.toFixed(0) + " s"),
+      [...cols.keys()].map((key) => depthCell(mine.get(key), key)),
       el("td", { class: f.breaker === "open" ? "bad" : "" }, f.breaker || "–"),
       el("td", {}, consumers.length ? consumers : el("span", { class: "muted" }, "none")),
       el("td", { class: "n processed" }, f.ledger ? String(f.ledger.processed) : "–"),
@@ -102,8 +111,8 @@ async function showFlows(view) {
   fill(view, 
     el("h1", {}, "Flows"),
     el("p", { class: "muted" }, "ledger " + (doc.ledger.target || "?") + " · updated " + doc.generated_at),
-    table(["flow", "done/min", "dup/min", "retried/min", "dead/min", "trend", "ready", "in flight",
-      "retry", "dead", "oldest", "breaker", "consumers", "processed", ""], rows, "flows"));
+    table(["flow", "done/min", "dup/min", "retried/min", "dead/min", "trend", ...cols.values(),
+      "breaker", "consumers", "processed", ""], rows, "flows"));
 }
 
 async function showFailures(view) {

@@ -46,7 +46,6 @@ from onceq._sources.amqp.dead_body import NewBody
 from onceq._sources.amqp.dead_letter import (
     DeadLetter,
     DeadReport,
-    Pacer,
     Selection,
     copy_id_of,
     deaths_of,
@@ -57,6 +56,7 @@ from onceq._sources.amqp.dead_letter import (
 from onceq._sources.amqp.topology import QUEUE, Topology
 from onceq._sources.amqp.url import CONNECT_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.amqp.wire import install, verdict
+from onceq._sources.pace import Pacer, paced_batch
 from onceq.errors import NotFound, Unroutable
 
 # Dead letters got per round: their ledger rows are read in one query and, for a
@@ -266,8 +266,7 @@ async def replay(
     """
     report = DeadReport("replay", topology, selection, dry_run=dry_run, body=body)
     started = time.monotonic()
-    # Paced and batched alike: one ledger transaction covers about a second of copies.
-    size = BATCH if rate is None else max(1, min(BATCH, int(rate)))
+    size = paced_batch(rate, BATCH)
     pacer = Pacer(rate)
     async with DeadQueue(url, topology, target=True) as dq:
         report.total = dq.total

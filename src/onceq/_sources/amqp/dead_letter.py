@@ -7,10 +7,8 @@ No broker, no ledger here: `onceq._sources.amqp.dead` fills these from basic.get
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -368,23 +366,3 @@ class DeadReport:
         else:
             out["declined"] = self.declined
         return out
-
-
-class Pacer:
-    """At most `rate` publishes per second: publish i waits until start + i/rate."""
-
-    def __init__(self, rate: float | None) -> None:
-        self.rate = rate
-        self._start: float | None = None
-        self._n = 0
-
-    async def wait(self) -> None:
-        if self.rate is None:
-            return
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._n / self.rate
-        self._n += 1
-        if due > now:
-            await asyncio.sleep(due - now)

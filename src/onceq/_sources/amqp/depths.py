@@ -44,6 +44,7 @@ __all__ = [
     "ManagementApi",
     "QueueDepth",
     "flow_queues",
+    "labelled",
     "management_api",
     "read_depths",
     "topology_queues",
@@ -266,3 +267,24 @@ class RabbitDepths:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.cache.run(stop)
+
+
+def labelled(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A flow's `onceq status` depths (a row per queue, by state) as the console's columns:
+    the work queue's ready and unacked, its retry queues' and its dead-letter queue's
+    ready. A queue that is missing or unread counts 0, a sum of what could be read."""
+
+    def total(state: str, key: str) -> int:
+        return sum(int(q.get(key) or 0) for q in doc.get("queues", []) if q.get("state") == state)
+
+    return [
+        {"key": "ready", "label": "ready", "value": total("ready", "ready"), "unit": None},
+        {
+            "key": "in_flight",
+            "label": "in flight",
+            "value": total("ready", "unacked"),
+            "unit": None,
+        },
+        {"key": "retry", "label": "retry", "value": total("retry", "ready"), "unit": None},
+        {"key": "dead", "label": "dead", "value": total("dead", "ready"), "unit": None},
+    ]

@@ -15,15 +15,13 @@ ledger skips it next time if it was already done.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from onceq._sources.amqp.topology import Topology
 from onceq._sources.amqp.transport import AmqpTransport
 from onceq._sources.amqp.url import amqp_url
-from onceq._sources.feed import BrokerFeed, call_grace
+from onceq._sources.feed import BrokerFeed
 
 __all__ = ["RabbitFeed"]
 
@@ -31,7 +29,12 @@ log = logging.getLogger("onceq.amqp.consume")  # the name in every log line: kep
 
 
 class RabbitFeed(BrokerFeed):
-    """One consumer of the flow's RabbitMQ queue."""
+    """One consumer of the flow's RabbitMQ queue.
+
+    A delayed retry is a confirmed copy in a tier queue, then an ack: nothing is held
+    unacked for a delay (the broker's consumer_timeout would close the channel), so the
+    grace covers everything a stop waits for.
+    """
 
     tag = "amqp"
     log = log
@@ -55,47 +58,7 @@ class RabbitFeed(BrokerFeed):
                 # effect: no bound known).
                 topology=topology,
                 call_timeout=getattr(flow.effect, "timeout", None),
-            )
+            ),
+            flow,
+            until_empty,
         )
-        self.until_empty = until_empty
-        # The broker bounds unacked deliveries by prefetch; the loop handles as many at
-        # once, so a slow partner sees prefetch calls in parallel.
-        self.prefetch = src.prefetch
-        self.max_group = max(src.prefetch, 1)
-        self.grace = call_grace(flow)
-        self._closed = False
-
-    def max_in_flight(self, calls: bool) -> int:
-        return int(self.prefetch)
-
-    async def check(self) -> None:
-        await self.transport.open()
-
-    @contextlib.asynccontextmanager
-    async def consuming(self) -> AsyncIterator[Any]:
-        await self.transport.start()
-        try:
-            yield self.transport
-        finally:
-            await self.aclose()  # before the ledger closes: nothing unsettled is kept
-
-    def stopped(self) -> Callable[[], bool] | None:
-        # A delayed retry is a confirmed copy in a tier queue, then an ack: nothing is
-        # held unacked for a delay (the broker's consumer_timeout would close the
-        # channel), so the grace covers everything a stop waits for.
-        stopped: Callable[[], bool] = self.transport.stopped.is_set
-        return stopped
-
-    def report(self) -> dict[str, Any]:
-        # Drained only if the transport saw the queue empty: a stop (signal, deadline)
-        # that came first leaves the batch unfinished, whatever it had settled.
-        return {
-            "drained": bool(self.transport.drained) if self.until_empty else False,
-            "unsettled": self.transport.unsettled,
-            "aborted": self.aborted,
-        }
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self.transport.close()

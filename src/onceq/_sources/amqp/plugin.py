@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from onceq._core.keys import Mistakes, check, get
 from onceq._core.url_check import check_url
-from onceq._sources.amqp.depths import RabbitDepths
+from onceq._sources.amqp.depths import RabbitDepths, labelled
 from onceq._sources.amqp.open import RabbitFeed
 from onceq._sources.amqp.status import flow_depths
 from onceq._sources.amqp.topology import Topology
@@ -141,6 +141,9 @@ class RabbitType(SourceType):
 
     def problem(self, flow: Any, transport: Any) -> str | None:
         return None if transport.connected else "broker connection lost"
+
+    def labelled_depths(self, queue: dict[str, Any]) -> list[dict[str, Any]]:
+        return labelled(queue)
 
     def open(self, flow: Any, until_empty: bool) -> RabbitFeed:
         return RabbitFeed(flow, until_empty)

@@ -79,6 +79,17 @@ class DirqType(SourceType):
         # a scandir of a large inbox/ in a thread: status reads every flow at once
         return await asyncio.to_thread(dirq_depths, flow.source.path, now), None
 
+    def labelled_depths(self, queue: dict[str, Any]) -> list[dict[str, Any]]:
+        # The folders, as `dirq lag` names them, and the oldest inbox file's age.
+        out = [
+            {"key": k, "label": k, "value": queue.get(k), "unit": None}
+            for k in ("inbox", "processing", "retry", "error")
+        ]
+        out.append(
+            {"key": "oldest", "label": "oldest", "value": queue.get("oldest_age_s"), "unit": "s"}
+        )
+        return out
+
     def problem(self, flow: Any, transport: Any) -> str | None:
         root = Path(flow.source.path)
         if not (root / "inbox").is_dir():

@@ -17,6 +17,8 @@ Replay, per dead letter selected, in this order, each step for a reason (as Rabb
    duplicate window does not drop it as the original's twin);
 3. only then is the dead letter deleted. Killed between 2 and 3: the message is in
    both streams, never in none; the ledger absorbs the twin.
+With `rate` (`--rate N`) the copies are paced as RabbitMQ's (onceq._sources.pace), and
+the ledger records about a second of them at a time, each batch before its copies.
 Purge records the ids it is about to delete (`record_purged`) before deleting them.
 """
 
@@ -31,6 +33,7 @@ from onceq._sources.dead_api import DeadItem
 from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.nats.names import dead_subject_of
 from onceq._sources.nats.settle import MSG_ID, REASON
+from onceq._sources.pace import Pacer, paced_batch
 from onceq.errors import NotFound
 
 TRANSPORT = "nats"
@@ -189,11 +192,13 @@ async def run(
     dry_run: bool = False,
     queue: Callable[[DeadStream], str] = lambda d: d.name,
     confirm: Callable[[int], bool] | None = None,
+    rate: float | None = None,
 ) -> DeadReport:
     """list | replay | purge the selected dead letters (see the module's docstring).
 
     `confirm(n)` is asked, once the n selected letters are counted, before anything
-    changes (None: yes); a no returns the report with `declined` set, nothing changed."""
+    changes (None: yes); a no returns the report with `declined` set, nothing changed.
+    `rate`: a replay publishes at most that many copies per second (onceq._sources.pace)."""
     report = DeadReport(dry_run=dry_run)
     async with DeadStream(url, source) as dead:
         chosen = [x for x in await dead.letters() if selection.matches(x)]
@@ -207,13 +212,18 @@ async def run(
         report.op = ledger.start_op(TRANSPORT, action, selection.as_filter(), queue(dead))
         try:
             if action == "replay":
-                ledger.record_replays(
-                    report.op, [(f"{dead.name}/{x.seq}", x.msg_id) for x in chosen]
-                )
-                for letter in chosen:
-                    await dead.publish(letter, report.op)
-                    await dead.delete(letter)
-                    report.replayed += 1
+                pacer = Pacer(rate)
+                size = paced_batch(rate, len(chosen))
+                for i in range(0, len(chosen), size):
+                    some = chosen[i : i + size]
+                    ledger.record_replays(
+                        report.op, [(f"{dead.name}/{x.seq}", x.msg_id) for x in some]
+                    )
+                    for letter in some:
+                        await pacer.wait()
+                        await dead.publish(letter, report.op)
+                        await dead.delete(letter)
+                        report.replayed += 1
             else:
                 ledger.record_purged(
                     report.op, [x.msg_id or f"{dead.name}/{x.seq}" for x in chosen]

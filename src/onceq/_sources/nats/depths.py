@@ -4,6 +4,8 @@ pending        stored, not yet delivered to the consumer
 ack_pending    delivered and not yet acked (in flight, or NAKed with a delay)
 redelivering   waiting to be delivered again (NAKed, or past its AckWait)
 dead           dead letters kept in the flow's dead-letter stream
+
+`labelled` gives the console these four as its columns, under these names.
 """
 
 from __future__ import annotations
@@ -69,6 +71,26 @@ async def consumer_depths(source: Any) -> dict[str, Any]:
         return out
     finally:
         await close_quietly(nc)
+
+
+def labelled(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A flow's `onceq status` depths as the console's columns (the consumer's own words)."""
+    return [
+        {"key": "pending", "label": "pending", "value": doc.get("pending"), "unit": None},
+        {
+            "key": "ack_pending",
+            "label": "ack pending",
+            "value": doc.get("ack_pending"),
+            "unit": None,
+        },
+        {
+            "key": "redelivering",
+            "label": "redelivering",
+            "value": doc.get("redelivering"),
+            "unit": None,
+        },
+        {"key": "dead", "label": "dead", "value": doc.get("dead"), "unit": None},
+    ]
 
 
 class NatsDepths:

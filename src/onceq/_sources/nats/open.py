@@ -13,12 +13,10 @@ skips it next time if it was already done.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from onceq._sources.feed import BrokerFeed, call_grace
+from onceq._sources.feed import BrokerFeed
 from onceq._sources.nats.names import nats_url
 from onceq._sources.nats.transport import NatsTransport
 
@@ -45,41 +43,7 @@ class NatsFeed(BrokerFeed):
                 prefetch=src.prefetch,
                 until_empty=until_empty,
                 dead_subject=src.dead_subject,
-            )
+            ),
+            flow,
+            until_empty,
         )
-        self.until_empty = until_empty
-        # The loop handles as many copies at once as one pull may bring.
-        self.prefetch = src.prefetch
-        self.max_group = max(src.prefetch, 1)
-        self.grace = call_grace(flow)
-        self._closed = False
-
-    def max_in_flight(self, calls: bool) -> int:
-        return int(self.prefetch)
-
-    async def check(self) -> None:
-        await self.transport.open()
-
-    @contextlib.asynccontextmanager
-    async def consuming(self) -> AsyncIterator[Any]:
-        await self.transport.start()
-        try:
-            yield self.transport
-        finally:
-            await self.aclose()  # before the ledger closes
-
-    def stopped(self) -> Callable[[], bool] | None:
-        stopped: Callable[[], bool] = self.transport.stopped.is_set
-        return stopped
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "drained": bool(self.transport.drained) if self.until_empty else False,
-            "unsettled": self.transport.unsettled,
-            "aborted": self.aborted,
-        }
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self.transport.close()

@@ -19,7 +19,7 @@ from onceq._core.retry import parse_duration
 from onceq._core.url_check import check_url
 from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 from onceq._sources.nats import dead
-from onceq._sources.nats.depths import NatsDepths, consumer_depths
+from onceq._sources.nats.depths import NatsDepths, consumer_depths, labelled
 from onceq._sources.nats.names import (
     DEFAULT_ACK_WAIT,
     DEFAULT_MAX_ACK_PENDING,
@@ -165,6 +165,9 @@ class NatsType(SourceType):
 
     def problem(self, flow: Any, transport: Any) -> str | None:
         return None if transport.connected else "NATS connection lost"
+
+    def labelled_depths(self, queue: dict[str, Any]) -> list[dict[str, Any]]:
+        return labelled(queue)
 
     def open(self, flow: Any, until_empty: bool) -> NatsFeed:
         return NatsFeed(flow, until_empty)
