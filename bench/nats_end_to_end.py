@@ -12,7 +12,10 @@ and ack only after the record is committed:
   `onceq nats consume --stream S --durable D --url STUB/v1/claims --id-field guid
   --prefetch N --db LEDGER --until-empty --json`, as a user runs them;
 - ceiling: a bare nats-py pull consumer in the bench process doing the same durable
-  work in the fewest steps: fetch a batch of `prefetch`, POST each (concurrently,
+  work in the fewest steps: pull a batch of `prefetch` (a no-wait request on the
+  consumer's NEXT subject, the copies taken from a deque its subscription's callback
+  fills: nats-py's `fetch` waits for each copy with two tasks and a uuid4, a slower
+  ceiling), POST each (concurrently,
   aiohttp, Idempotency-Key = the guid), commit the batch's rows in one transaction
   in a thread (WAL, synchronous FULL: an fsync per batch, as onceq's ledger; the
   row onceq writes, its `messages` table from onceq's own schema), then ack each
