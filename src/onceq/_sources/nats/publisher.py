@@ -61,24 +61,34 @@ async def publish(
     try:
         # publish_async: a future per message answered by one shared reply
         # subscription, at most `window` outstanding (nats-py's semaphore). A request
-        # per message (js.publish) cost a task, a timer and an inbox token each.
+        # per message (js.publish) cost a task, a timer and an inbox token each; so
+        # would publish_async's own wait_stall (asyncio.wait_for with a timeout makes a
+        # task per call): a stalled window is told by a watchdog instead, below.
         js = nc.jetstream(timeout=API_TIMEOUT, publish_async_max_pending=window)
         sent: list[tuple[Message, asyncio.Future[Any]]] = []
-        with boundary(url, f"subject {subject}"):
-            for i, message in enumerate(messages):
-                try:
-                    future = await js.publish_async(
-                        subject,
-                        message.body,
-                        headers={MSG_ID: message.msg_id},
-                        wait_stall=API_TIMEOUT,
-                    )
-                except jse.TooManyStalledMsgsError:
-                    # No PubAck for API_TIMEOUT with the window full: the stream is not
-                    # answering; the rest is not sent (and counts as not stored).
-                    report.failed.extend(str(m.path) for m in messages[i:])
-                    break
+
+        async def send() -> None:
+            for message in messages:
+                future = await js.publish_async(
+                    subject, message.body, headers={MSG_ID: message.msg_id}
+                )
                 sent.append((message, future))
+
+        with boundary(url, f"subject {subject}"):
+            sender = asyncio.ensure_future(send())
+            answered = -1
+            while not (await asyncio.wait({sender}, timeout=API_TIMEOUT))[0]:
+                now = len(sent) - js.publish_async_pending()
+                if now == answered:
+                    # No PubAck for API_TIMEOUT with the window full: the stream is
+                    # not answering; the rest is not sent (and counts as not stored).
+                    sender.cancel()
+                    await asyncio.gather(sender, return_exceptions=True)
+                    break
+                answered = now
+            if not sender.cancelled():
+                sender.result()  # the connection's errors, through the boundary
+            report.failed.extend(str(m.path) for m in messages[len(sent) :])
             if sent:
                 # Each PubAck within API_TIMEOUT of the last send; one still missing
                 # then was not acknowledged (it may be stored: a re-send is a
