@@ -76,17 +76,19 @@ async def publish(
 
         with boundary(url, f"subject {subject}"):
             sender = asyncio.ensure_future(send())
-            answered = -1
+            answered, stalled = -1, False
             while not (await asyncio.wait({sender}, timeout=API_TIMEOUT))[0]:
                 now = len(sent) - js.publish_async_pending()
                 if now == answered:
                     # No PubAck for API_TIMEOUT with the window full: the stream is
                     # not answering; the rest is not sent (and counts as not stored).
+                    # (nats-py turns the cancel into TooManyStalledMsgsError.)
+                    stalled = True
                     sender.cancel()
                     await asyncio.gather(sender, return_exceptions=True)
                     break
                 answered = now
-            if not sender.cancelled():
+            if not stalled:
                 sender.result()  # the connection's errors, through the boundary
             report.failed.extend(str(m.path) for m in messages[len(sent) :])
             if sent:
