@@ -4,7 +4,7 @@
 
 No effect, no ledger, no engine: `ours` iterates NatsTransport.deliveries() and settles
 every GROUP copies with one settle() of ACKs (as the consume loop settles a committed
-group); `bare` fetches GROUP at a time with nats-py's pull subscription and acks each.
+group); `bare` pulls GROUP at a time as the consume ceiling does and acks each.
 bench/nats_profile.py runs it under callgrind (sides transport, transport-bare) so the
 instructions per message of the transport are read apart from the engine's and the
 ledger's.
@@ -39,16 +39,40 @@ async def ours(url: str, stream: str, durable: str, n: int, group: int) -> int:
 
 
 async def bare(url: str, stream: str, durable: str, n: int, group: int) -> int:
+    """The ceiling's pull (bench/nats_end_to_end.py): a no-wait request for GROUP on the
+    consumer's NEXT subject, the copies from the subscription's callback, each acked."""
+    import collections
+    import json
+
     import nats
 
     nc = await nats.connect(url)
     try:
-        sub = await nc.jetstream().pull_subscribe_bind(durable, stream)
+        inbox = nc.new_inbox()
+        arrived: collections.deque[Any] = collections.deque()
+        came = asyncio.Event()
+
+        async def on_msg(msg: Any) -> None:
+            arrived.append(msg)
+            came.set()
+
+        await nc.subscribe(inbox, cb=on_msg)
+        ask = json.dumps({"batch": group, "no_wait": True}).encode()
         done = 0
         while done < n:
-            for m in await sub.fetch(group, timeout=5):
-                await m.ack()
-                done += 1
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", ask, reply=inbox)
+            got = 0
+            while got < group:
+                if not arrived:
+                    came.clear()
+                    await asyncio.wait_for(came.wait(), 5)
+                    continue
+                msg = arrived.popleft()
+                if msg.headers and msg.headers.get("Status"):
+                    break
+                await msg.ack()
+                got += 1
+            done += got
         await nc.flush()
     finally:
         await nc.close()
