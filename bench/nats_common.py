@@ -242,7 +242,8 @@ def messages_span(db: Path) -> mc.Span:
         )
     first, last = stamps[0], stamps[-1]
     at_first = sum(1 for s in stamps if s == first)
-    return mc.Span(len(stamps), len(stamps) - at_first, (last - first).total_seconds())
+    seconds = (last - first).total_seconds()
+    return mc.Span(len(stamps), len(stamps) - at_first, seconds, len(set(stamps)))
 
 
 def ledger_ddl() -> str:

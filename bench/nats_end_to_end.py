@@ -12,7 +12,10 @@ and ack only after the record is committed:
   `onceq nats consume --stream S --durable D --url STUB/v1/claims --id-field guid
   --prefetch N --db LEDGER --until-empty --json`, as a user runs them;
 - ceiling: a bare nats-py pull consumer in the bench process doing the same durable
-  work in the fewest steps: fetch a batch of `prefetch`, POST each (concurrently,
+  work in the fewest steps: pull a batch of `prefetch` (a no-wait request on the
+  consumer's NEXT subject, the copies taken from a deque its subscription's callback
+  fills: nats-py's `fetch` waits for each copy with two tasks and a uuid4, a slower
+  ceiling), POST each (concurrently,
   aiohttp, Idempotency-Key = the guid), commit the batch's rows in one transaction
   in a thread (WAL, synchronous FULL: an fsync per batch, as onceq's ledger; the
   row onceq writes, its `messages` table from onceq's own schema), then ack each
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import signal
 import sqlite3
@@ -57,7 +61,6 @@ def bare_consumer(s: nc.Stream, claim: str, n: int, prefetch: int, db: Path) -> 
     """The ceiling (see the module's docstring); its span from its ledger's stamps, its
     CPU from this process's counters, steady from the first commit to the last."""
     import aiohttp
-    import nats.errors
 
     url = f"{claim}/v1/claims"
     conn = sqlite3.connect(str(db), check_same_thread=False, isolation_level=None)
@@ -81,7 +84,36 @@ def bare_consumer(s: nc.Stream, claim: str, n: int, prefetch: int, db: Path) -> 
         client = await nc._connect()
         t0 = time.perf_counter()
         try:
-            sub = await client.jetstream().pull_subscribe_bind(s.durable, s.name)
+            # The pull as bare nats-py does it fastest (as onceq's pull does it):
+            # a request for a batch on the consumer's NEXT subject, the copies taken
+            # from a deque the subscription's callback fills. fetch() waits for each
+            # copy with next_msg, two tasks and a uuid4 per copy: a slower ceiling.
+            inbox = client.new_inbox()
+            arrived: collections.deque[Any] = collections.deque()
+            came = asyncio.Event()
+
+            async def on_msg(msg: Any) -> None:
+                arrived.append(msg)
+                came.set()
+
+            await client.subscribe(inbox, cb=on_msg)
+            next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{s.name}.{s.durable}"
+
+            async def fetch(n: int) -> list[Any]:
+                ask = json.dumps({"batch": n, "no_wait": True}).encode()
+                await client.publish(next_subject, ask, reply=inbox)
+                batch: list[Any] = []
+                while len(batch) < n:
+                    if not arrived:
+                        came.clear()
+                        await asyncio.wait_for(came.wait(), 5)
+                        continue
+                    msg = arrived.popleft()
+                    if msg.headers and msg.headers.get("Status"):  # 404: no more now
+                        break
+                    batch.append(msg)
+                return batch
+
             connector = aiohttp.TCPConnector(limit=prefetch)
             async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -96,8 +128,10 @@ def bare_consumer(s: nc.Stream, claim: str, n: int, prefetch: int, db: Path) -> 
                 committed = 0
                 while committed < n:
                     try:
-                        batch = await sub.fetch(prefetch, timeout=5)
-                    except nats.errors.TimeoutError:
+                        batch = await fetch(prefetch)
+                    except TimeoutError:
+                        batch = []
+                    if not batch:
                         sys.exit(f"bench: ceiling: nothing to fetch after {committed}/{n}")
                     done = await asyncio.gather(*(post(m) for m in batch))
                     refused.extend(st for _, _, st in done if st != 201)
@@ -180,7 +214,17 @@ def check_drained(s: nc.Stream, claim: str, n: int, label: str) -> None:
         )
 
 
+def bare_run(argv: list[str]) -> int:
+    """The ceiling alone, as a process (bench/nats_profile.py counts its instructions):
+    STREAM DURABLE CLAIM_URL N PREFETCH DB, the stream filled and the stub up already."""
+    stream, durable, claim, n, prefetch, db = argv
+    bare_consumer(nc.Stream(stream, "", durable), claim, int(n), int(prefetch), Path(db))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--bare-run"]:
+        return bare_run(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--prefetch", type=int, default=50)

@@ -6,9 +6,9 @@ ledger refuses it beyond. The files are read and checked by onceq._sources.messa
 (one rule for a message file on every broker): one unreadable, non-JSON or id-less file
 publishes nothing.
 
-Each publish is a request answered by the stream's PubAck: a message counts once the
-stream stored it. Up to WINDOW requests are outstanding at once, so the socket stays
-busy while the server fsyncs.
+Each publish is answered by the stream's PubAck: a message counts once the stream
+stored it. Up to WINDOW are awaiting their PubAck at once, so the socket stays busy
+while the server fsyncs.
 """
 
 from __future__ import annotations
@@ -53,39 +53,67 @@ async def publish(
     url: str, messages: list[Message], subject: str, *, window: int = WINDOW
 ) -> PublishReport:
     """Publish every message to `subject`; Unroutable (6) when any was not stored."""
-    import nats.errors
     import nats.js.errors as jse
 
     check_subject(subject)
     report = PublishReport()
     nc = await connect(url)
     try:
-        js = nc.jetstream(timeout=API_TIMEOUT)
-        slots = asyncio.Semaphore(window)
+        # publish_async: a future per message answered by one shared reply
+        # subscription, at most `window` outstanding (nats-py's semaphore). A request
+        # per message (js.publish) cost a task, a timer and an inbox token each; so
+        # would publish_async's own wait_stall (asyncio.wait_for with a timeout makes a
+        # task per call): a stalled window is told by a watchdog instead, below.
+        js = nc.jetstream(timeout=API_TIMEOUT, publish_async_max_pending=window)
+        sent: list[tuple[Message, asyncio.Future[Any]]] = []
 
-        async def one(message: Message) -> None:
-            try:
-                ack = await js.publish(subject, message.body, headers={MSG_ID: message.msg_id})
-                if ack.duplicate:
+        async def send() -> None:
+            for message in messages:
+                future = await js.publish_async(
+                    subject, message.body, headers={MSG_ID: message.msg_id}
+                )
+                sent.append((message, future))
+
+        with boundary(url, f"subject {subject}"):
+            sender = asyncio.ensure_future(send())
+            answered, stalled = -1, False
+            while not (await asyncio.wait({sender}, timeout=API_TIMEOUT))[0]:
+                now = len(sent) - js.publish_async_pending()
+                if now == answered:
+                    # No PubAck for API_TIMEOUT with the window full: the stream is
+                    # not answering; the rest is not sent (and counts as not stored).
+                    # (nats-py turns the cancel into TooManyStalledMsgsError.)
+                    stalled = True
+                    sender.cancel()
+                    await asyncio.gather(sender, return_exceptions=True)
+                    break
+                answered = now
+            if not stalled:
+                sender.result()  # the connection's errors, through the boundary
+            report.failed.extend(str(m.path) for m in messages[len(sent) :])
+            if sent:
+                # Each PubAck within API_TIMEOUT of the last send; one still missing
+                # then was not acknowledged (it may be stored: a re-send is a
+                # duplicate for the stream inside its window, for the ledger beyond).
+                await asyncio.wait([f for _, f in sent], timeout=API_TIMEOUT)
+        for message, future in sent:
+            if not future.done():
+                future.cancel()
+                report.failed.append(str(message.path))
+                continue
+            exc = future.exception()
+            if exc is None:
+                if future.result().duplicate:
                     report.duplicates.append(str(message.path))
                 else:
                     report.published += 1
-            except jse.NoStreamResponseError:
+            elif isinstance(exc, jse.NoStreamResponseError):
                 report.unroutable.append(str(message.path))
-            except (nats.errors.TimeoutError, jse.APIError):
+            elif isinstance(exc, jse.APIError):
                 report.failed.append(str(message.path))
-            finally:
-                slots.release()
-
-        tasks = []
-        with boundary(url, f"subject {subject}"):
-            for message in messages:
-                await slots.acquire()
-                tasks.append(asyncio.create_task(one(message)))
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            failure = next((r for r in results if isinstance(r, BaseException)), None)
-            if failure is not None:
-                raise failure
+            else:
+                with boundary(url, f"subject {subject}"):
+                    raise exc
     finally:
         await close_quietly(nc)
     bad = report.unroutable + report.failed

@@ -37,6 +37,7 @@ from onceq._core.redact import redact_url
 from onceq._core.transport import Delivery
 from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.nats.names import DEFAULT_ACK_WAIT, dead_subject_of
+from onceq._sources.nats.pull import Puller
 from onceq._sources.nats.settle import NatsSettling
 from onceq.errors import NotFound, UsageError
 
@@ -82,7 +83,7 @@ class NatsTransport(NatsSettling):
         self._changed = asyncio.Event()
         self._nc: Any = None
         self._js: Any = None
-        self._sub: Any = None
+        self._pull: Puller | None = None
         self._down = False
         self._keeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # give-backs under way, awaited at close
@@ -141,8 +142,9 @@ class NatsTransport(NatsSettling):
         return f"onceq nats setup --stream {self.stream} --durable {self.durable} --subject SUBJECT"
 
     async def start(self) -> None:
+        self._pull = Puller(self._nc, self.stream, self.durable, PULL_WAIT, self._changed.set)
         with boundary(self.url, f"consumer {self.durable}"):
-            self._sub = await self._js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+            await self._pull.start()
         self._keeper = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def _on_disconnected(self) -> None:
@@ -171,6 +173,8 @@ class NatsTransport(NatsSettling):
         return self.prefetch - len(self._held)
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
+        pull = self._pull
+        assert pull is not None, "start() first"
         while True:
             self._changed.clear()
             if self._buffer:
@@ -181,48 +185,66 @@ class NatsTransport(NatsSettling):
                 continue
             if self.stopped.is_set():
                 return
+            if pull.arrived:
+                msgs, ended = pull.take()
+                if msgs:
+                    self._arrived(msgs)
+                elif ended == "":  # nothing came within PULL_WAIT
+                    if self.until_empty and not self._held and await self._drained():
+                        self.drained = True
+                        return
+                elif ended:
+                    # A server's status (consumer deleted, a leader change, no JetStream):
+                    # wait a moment and ask again; a stop ends the loop meanwhile.
+                    log.debug("pull: status %s", ended, extra={"event": "connection-lost"})
+                    await self._nap(PULL_WAIT)
+                continue
+            if pull.open:
+                left = pull.deadline - time.monotonic()
+                if left > 0:
+                    await self._nap(left)
+                else:  # its end never came (a reconnect in between): ask again
+                    pull.lost()
+                continue
             room = self._room()
             if room <= 0:
                 await self._changed.wait()
                 continue
-            msgs = await self._pull(room)
-            if msgs is None:  # nothing came within PULL_WAIT
-                if self.until_empty and not self._held and await self._drained():
-                    self.drained = True
-                    return
-                continue
-            if self.stopped.is_set() or (self.paused and not self._probes):
-                # Asked for before the stop (or the pause): never handed out, so given
-                # back at once rather than held until AckWait.
-                await self._give_back(msgs)
-                continue
-            if self.paused:
-                self._probes = 0
-            for msg in msgs:
-                self._buffer.append(self._delivery(msg))
+            try:
+                await pull.ask(room)
+            except Exception as exc:  # disconnected (nats-py reconnects by itself)
+                log.debug("pull: %s", type(exc).__name__, extra={"event": "connection-lost"})
+                await self._nap(PULL_WAIT)
 
-    async def _pull(self, room: int) -> list[Any] | None:
-        import nats.errors
+    def _arrived(self, msgs: list[Any]) -> None:
+        if self.stopped.is_set() or (self.paused and not self._probes):
+            # Asked for before the stop (or the pause): never handed out, so given back
+            # at once rather than held until AckWait.
+            self._give_back_later(msgs)
+            return
+        if self.paused:
+            self._probes = 0
+        for msg in msgs:
+            self._buffer.append(self._delivery(msg))
 
+    async def _nap(self, seconds: float) -> None:
+        """Wait until something arrives, room is made, a stop, or `seconds` pass."""
+        wake = asyncio.get_running_loop().call_later(seconds, self._changed.set)
         try:
-            msgs: list[Any] = await self._sub.fetch(room, timeout=PULL_WAIT)
-        except nats.errors.TimeoutError:
-            return None
-        except (nats.errors.Error, OSError) as exc:
-            # Disconnected (nats-py reconnects by itself), or a server's status: wait a
-            # moment and ask again; a stop ends the loop meanwhile.
-            log.debug("pull: %s", type(exc).__name__, extra={"event": "connection-lost"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopped.wait(), PULL_WAIT)
-            return None
-        return msgs
+            await self._changed.wait()
+        finally:
+            wake.cancel()
 
     def _delivery(self, msg: Any) -> Delivery:
         headers = msg.headers or {}
+        # The ack subject tells the stream sequence and the delivery count:
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>
+        # (nats-py's msg.metadata reads the same, building three objects per copy).
+        tokens = msg.reply.split(".")
+        at = 4 if len(tokens) == 9 else 6  # the second form has a domain and a hash
         try:
-            meta = msg.metadata
-            seq, redelivered = meta.sequence.stream, meta.num_delivered > 1
-        except Exception:  # not a JetStream copy (no ack subject): cannot be settled
+            seq, redelivered = int(tokens[at + 1]), int(tokens[at]) > 1
+        except (IndexError, ValueError):  # not an ack subject this parser knows
             seq, redelivered = 0, False
         delivery = Delivery(
             body=msg.data,
@@ -242,6 +264,11 @@ class NatsTransport(NatsSettling):
         )
         self._held[id(delivery)] = [delivery, time.monotonic()]
         return delivery
+
+    def _give_back_later(self, msgs: list[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(self._give_back(msgs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _give_back(self, msgs: list[Any]) -> None:
         for msg in msgs:
@@ -282,9 +309,7 @@ class NatsTransport(NatsSettling):
         for msg in waiting:
             self._forget(msg)
         if waiting:
-            task = asyncio.get_running_loop().create_task(self._give_back(waiting))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._give_back_later(waiting)
 
     def probe(self) -> None:
         self._probes = 1
@@ -323,18 +348,22 @@ class NatsTransport(NatsSettling):
         left = [entry[0].token for entry in self._held.values()]
         self._held.clear()
         self._buffer.clear()
-        # Copies a pull brought after the last one was handed out (nats-py queues them
-        # on the subscription): never handed out either.
-        queue = getattr(getattr(self._sub, "_sub", None), "_pending_queue", None)
-        while queue is not None and not queue.empty():
-            msg = queue.get_nowait()
-            if msg.reply and not (msg.headers or {}).get("Status"):
-                left.append(msg)
+        pull = self._pull
+        if pull is not None:
+            # A request still outstanding may bring copies until it ends (a lingering
+            # one within PULL_WAIT): they are never handed out either, so wait for its
+            # end and give them back too, rather than leave them to AckWait.
+            while pull.open and self.connected and time.monotonic() < pull.deadline:
+                self._changed.clear()
+                left.extend(pull.pending())
+                if pull.open:
+                    await self._nap(pull.deadline - time.monotonic())
+            left.extend(pull.pending())
         if left and self.connected:
             await self._give_back(left)
-        if self._sub is not None:
+        if pull is not None:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await pull.unsubscribe()
         if self._nc is not None and self.connected:
             with contextlib.suppress(Exception):
                 await self._nc.flush(timeout=2)  # the last acks out before the close
