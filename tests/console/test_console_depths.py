@@ -54,8 +54,7 @@ def tank() -> Iterator[TankType]:
     try:
         yield t
     finally:  # registered for this test only
-        registry._loaded.pop("tank", None)
-        registry._order.remove("tank")
+        registry.unregister("tank")
 
 
 def flows_doc(state: ConsoleState) -> dict[str, Any]:

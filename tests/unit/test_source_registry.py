@@ -76,8 +76,7 @@ class TestQType(SourceType):
 def testq() -> Any:
     t = registry.register(TestQType())
     yield t
-    registry._loaded.pop("testq", None)
-    registry._extra.remove("testq")
+    registry.unregister("testq")
 
 
 def write(tmp_path: Path, text: str) -> Path:

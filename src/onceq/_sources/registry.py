@@ -30,7 +30,17 @@ if TYPE_CHECKING:
     from onceq._core.keys import Mistakes
     from onceq._sources.dead_api import DeadAction, DeadItem, DeadSelection
 
-__all__ = ["BUILTIN", "SourceType", "kinds", "log_events", "named", "of", "register", "types"]
+__all__ = [
+    "BUILTIN",
+    "SourceType",
+    "kinds",
+    "log_events",
+    "named",
+    "of",
+    "register",
+    "types",
+    "unregister",
+]
 
 
 class SourceType:
@@ -154,6 +164,14 @@ def register(source_type: SourceType) -> SourceType:
         _extra.append(source_type.kind)
     _loaded[source_type.kind] = source_type
     return source_type
+
+
+def unregister(kind: str) -> None:
+    """Forget a kind `register` added (a test's own source type). A built-in kind is
+    loaded again on its next use."""
+    _loaded.pop(kind, None)
+    if kind in _extra:
+        _extra.remove(kind)
 
 
 def _load(kind: str) -> SourceType:
