@@ -173,10 +173,19 @@ class PgGuard:
         if self._release_timer is not None:
             self._release_timer.cancel()  # the locks go with the session, below
             self._release_timer = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task = self._task
+        if task is not None:
+            # Python 3.11's asyncio.wait_for (the flusher's bounded queries) swallows a
+            # cancel that lands as its inner await finishes: the flusher then went back
+            # to waiting for work, for ever, and this close with it (a run that never
+            # ended, idle). So the flag ends its loop too, and the cancel is repeated
+            # until the task is done.
+            while not task.done():
+                task.cancel()
+                self._work.set()
+                await asyncio.wait({task}, timeout=0.1)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         for _, fut in self._claims:
             fut.cancel()
         self._claims.clear()
@@ -204,9 +213,11 @@ class PgGuard:
             self._task = asyncio.get_running_loop().create_task(self._flusher(), name="onceq-guard")
 
     async def _flusher(self) -> None:
-        while True:
+        while not self._closed:
             await self._work.wait()
             self._work.clear()
+            if self._closed:
+                return
             # One more turn of the loop: the other copies of this tick ask too, and
             # their claims join this batch (claims that come while a batch is out
             # join the next one).
