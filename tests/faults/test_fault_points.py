@@ -105,6 +105,35 @@ def test_an_unknown_fault_point_is_refused_before_anything_runs(tmp_path: Path) 
     assert r.returncode == 2 and "ONCEQ_FAULT_AFTER: '0'" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("dirq", "replay", "{q}", "--all"),  # reaches mid-replay, outside a consume run
+        ("dirq", "dead", "{q}"),
+        ("nats", "dead", "list", "--stream", "ONCEQ_NOT_THERE"),
+        ("mq", "dead", "list", "--db", "{q}/ledger.db"),
+        ("ledger", "stats", "--db", "{q}/ledger.db"),
+    ],
+    ids=lambda a: " ".join(a[:3]),
+)
+def test_every_command_refuses_an_unknown_fault_point(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """Not only a consume run: a command that changes something (a replay) would run to
+    its end with a mistyped point and let a crash test pass that never crashed."""
+    root = tmp_path / "q"
+    make_queue(root, 2, seed=3)
+    for name in os.listdir(root / "inbox"):  # two files to replay
+        os.rename(root / "inbox" / name, root / "error" / name)
+    before = {d: sorted(os.listdir(root / d)) for d in ("inbox", "error")}
+    r = run_cli(*(a.format(q=root) for a in argv), env={"ONCEQ_FAULT": "mid-replai"})
+    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("onceq: ONCEQ_FAULT: unknown fault point 'mid-replai'")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert {d: sorted(os.listdir(root / d)) for d in ("inbox", "error")} == before
+    assert not (root / "ledger.db").exists()
+
+
 def test_the_engine_holds_three_points_and_each_source_declares_its_own() -> None:
     """A source's windows are its package's (SourceType.fault_points), so a new transport
     changes nothing in onceq._core.faults; one name is one owner's."""

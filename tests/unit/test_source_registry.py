@@ -150,3 +150,26 @@ def test_a_flow_of_the_registered_kind_runs_once_per_id(tmp_path: Path) -> None:
     assert sorted(calls) == ["a", "b"]
     with Ledger(tmp_path / "ledger.db", flow="t") as ledger:
         assert ledger.processed_ref("a") is not None and ledger.processed_ref("b") is not None
+
+
+def test_unregister_forgets_the_types_fault_points() -> None:
+    """A test's type declares a point; once unregistered, the name is free again (another
+    type may declare it) and no longer counts as a declared point."""
+    from onceq._core import faults
+
+    class Pointed(TestQType):
+        kind = "pointed"
+        fault_points = {"after-pointed-take": "a test's own window"}  # noqa: RUF012
+
+    registry.register(Pointed())
+    try:
+        assert faults.points()["after-pointed-take"] == "pointed"
+    finally:
+        registry.unregister("pointed")
+    assert "after-pointed-take" not in faults.points()
+    faults.declare("other", {"after-pointed-take": "now another owner's"})
+    faults.forget("other")
+    assert "after-pointed-take" not in faults.points()
+    with pytest.raises(ValueError, match="engine"):
+        faults.forget("engine")
+    assert "before-commit" in faults.points()

@@ -15,6 +15,7 @@ import click
 
 from onceq._cli.flow_options import UNQUOTED, remember_header_words
 from onceq._cli.lazy import LazyGroup
+from onceq._core import faults
 from onceq._core.logs import say
 from onceq._core.redact import MASK, guarded_stdio
 from onceq.errors import OnceqError, redact_text
@@ -120,6 +121,13 @@ def app() -> None:
       onceq dirq consume ./q           # consume a queue folder into ./q/ledger.db
       onceq mq consume --claim http://127.0.0.1:9202 --max-seconds 30
     """
+    if faults.pending():
+        # A crash test armed a point no type loaded so far declares: refuse a mistyped
+        # one before any command changes anything. Imported here, not at the top: the
+        # registry brings asyncio, which `--help` and `dirq lag` must not load.
+        from onceq._sources import registry
+
+        registry.check_fault()
 
 
 def _register() -> None:

@@ -29,13 +29,13 @@ after-claim, after-retry-link, mid-replay; RabbitMQ: after-delay-publish; NATS:
 after-dead-publish), and the registry `declare`s them when it loads the type. So a
 new transport brings its points in its package and changes nothing here.
 
-Refused early: ONCEQ_FAULT_AFTER is checked at import; ONCEQ_FAULT against every
-declared point by `check()`, which the registry calls when a type is loaded and the
-point is still `pending()` (it then loads every built-in type first), i.e. before a
-flow is opened (a mistyped variable must not make a crash test pass without ever
-crashing). Cheap when unset: the environment is read once, at
-import, and `hit` is then a function that returns at once (one call per group; per
-file only for the dirq points).
+Refused early: ONCEQ_FAULT_AFTER is read at import; `check()` refuses a wrong one and an
+ONCEQ_FAULT that no owner declares. The CLI's root and the registry (as each type loads)
+ask it while the point is `pending()` — then every built-in type is loaded first — i.e.
+before any command changes anything (a mistyped variable must not make a crash test pass
+without ever crashing). Cheap when unset: the environment is read once, at import, and
+`hit` is then a function that returns at once (one call per group; per file only for the
+dirq points).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 from onceq.errors import UsageError
 
-__all__ = ["ENGINE_POINTS", "check", "declare", "hit", "pending", "points"]
+__all__ = ["ENGINE_POINTS", "check", "declare", "forget", "hit", "pending", "points"]
 
 ENV_POINT = "ONCEQ_FAULT"
 ENV_AFTER = "ONCEQ_FAULT_AFTER"
@@ -70,39 +70,55 @@ def declare(owner: str, table: Mapping[str, str]) -> None:
     _owners.update(dict.fromkeys(table, owner))
 
 
+def forget(owner: str) -> None:
+    """Drop `owner`'s points (a source type unregistered): a later type may declare
+    the same names, and a mistyped ONCEQ_FAULT is no longer matched against them."""
+    if owner == ENGINE:
+        raise ValueError("the engine's fault points cannot be forgotten")
+    for name in [n for n, o in _owners.items() if o == owner]:
+        del _owners[name]
+
+
 def points() -> dict[str, str]:
     """Every declared point and its owner, the engine's first."""
     return dict(_owners)
 
 
 def pending() -> bool:
-    """Whether the armed point is one no owner has declared yet (a source not loaded)."""
-    return _POINT is not None and _POINT not in _owners
+    """Whether the armed point is one no owner has declared yet (a source not loaded),
+    or the variables are wrong: `check()` has something to say."""
+    return _ERROR is not None or (_POINT is not None and _POINT not in _owners)
 
 
 def check() -> None:
-    """Refuse an ONCEQ_FAULT that names no declared point (one line, exit 2)."""
+    """Refuse an ONCEQ_FAULT that names no declared point, or a wrong ONCEQ_FAULT_AFTER
+    (one line, exit 2)."""
+    if _ERROR is not None:
+        raise _ERROR
     if _POINT is not None and _POINT not in _owners:
         raise UsageError(
             f"{ENV_POINT}: unknown fault point {_POINT!r} (one of {', '.join(_owners)})"
         )
 
 
-def _armed() -> tuple[str | None, int]:
+def _armed() -> tuple[str | None, int, UsageError | None]:
     point = os.environ.get(ENV_POINT) or None
     if point is None:
-        return None, 0
+        return None, 0, None
     raw = os.environ.get(ENV_AFTER) or "1"
     try:
         after = int(raw)
     except ValueError:
         after = 0
     if after < 1:
-        raise UsageError(f"{ENV_AFTER}: {raw!r} is not a whole number of at least 1")
-    return point, after
+        # Kept, not raised: this module is imported by the CLI's root, outside the
+        # handler that turns a UsageError into one line; `check()` raises it.
+        error = UsageError(f"{ENV_AFTER}: {raw!r} is not a whole number of at least 1")
+        return None, 0, error
+    return point, after, None
 
 
-_POINT, _AFTER = _armed()
+_POINT, _AFTER, _ERROR = _armed()
 _reached = 0
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN",
     "SourceType",
+    "check_fault",
     "kinds",
     "log_events",
     "named",
@@ -167,9 +168,10 @@ def register(source_type: SourceType) -> SourceType:
 
 
 def unregister(kind: str) -> None:
-    """Forget a kind `register` added (a test's own source type). A built-in kind is
-    loaded again on its next use."""
+    """Forget a kind `register` added (a test's own source type), its fault points
+    with it. A built-in kind is loaded again (and declares its points) on its next use."""
     _loaded.pop(kind, None)
+    faults.forget(kind)
     if kind in _extra:
         _extra.remove(kind)
 
@@ -180,17 +182,20 @@ def _load(kind: str) -> SourceType:
         module, _, attr = BUILTIN[kind].partition(":")
         t = _loaded[kind] = getattr(importlib.import_module(module), attr)
         faults.declare(kind, t.fault_points)
-        _check_fault()
+        check_fault()
     return t
 
 
-def _check_fault() -> None:
-    """Refuse an armed ONCEQ_FAULT that no source declares, before any flow is opened.
+def check_fault() -> None:
+    """Refuse an armed ONCEQ_FAULT that no source declares (`UsageError`, exit 2).
 
-    Asked as each type loads (every run asks for its source's type first). A point of
-    the engine or of a type already loaded costs nothing; any other may be another
-    built-in kind's, so all of them are loaded then — only in a crash test, so a run
-    still imports its own source's package alone.
+    Asked as each type loads (every run asks for its source's type first) and by the
+    CLI's root before any command, so one that reaches a point outside a consume run
+    (`dirq replay`: mid-replay) refuses a mistyped name too, rather than running to the
+    end and letting a crash test pass that never crashed. A point of the engine or of
+    a type already loaded costs nothing; any other may be another built-in kind's, so
+    all of them are loaded then — only in a crash test, so a run still imports its own
+    source's package alone.
     """
     global _fault_checked
     if _fault_checked or not faults.pending():
