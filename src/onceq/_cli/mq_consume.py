@@ -7,19 +7,14 @@ from typing import Any
 import click
 
 from onceq._cli.broker_consume_options import consume_options
+from onceq._cli.broker_run import Where, consume_and_report
 from onceq._cli.flow_flags import over_preset, own_flow
 from onceq._cli.flow_options import check_http_flags, is_generic
 from onceq._cli.mq import cli_url
 from onceq._cli.ops_options import pop_ops, telemetry_for
-from onceq._cli.output import emit_json, note_new_ledger, print_run_summary
-from onceq._cli.progress import live_progress
-from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
-from onceq._core.stop import Stop
 from onceq._exercise.claims import claims_flow
-from onceq._flows.batch import run_report
-from onceq._flows.run_end import run_error
-from onceq._ledger.target import Target, describe
+from onceq._ledger.target import Target
 from onceq._sources.amqp.consume import default_db
 from onceq._sources.amqp.topology import QUEUE
 from onceq.errors import UsageError
@@ -125,52 +120,16 @@ def consume(
     setup_logs(ops.log_format, ops.log_level)
     telemetry = telemetry_for(ops)
     flow = _consume_flow(url, claim_url, queue, required, prefetch, timeout, flags)
-    ledger = db or default_db()
     qname = flow.source.queue
-    hooks = RunHooks()
-    hooks.ledger_created.append(note_new_ledger)
-    with live_progress(qname, "dead", hooks):
-        report = run_report(
-            [flow],
-            ledger,
-            until_empty=until_empty,
-            max_seconds=max_seconds,
-            telemetry=telemetry,
-            hooks=hooks,
-            # A service: it takes both signals whatever it inherited, and a second one
-            # cuts the grace short (exit 130/143) instead of ending the process.
-            stop=Stop(second="abort", respect_ignored=False),
-        )
-    result = _result(report, flow.name, ledger, until_empty)
-    if as_json:
-        emit_json(result)
-    else:
-        _print_consume(report.stats[flow.name], result, ledger, qname)
-    # A service that is stopped ends 0 whatever it saw; a drained batch whose every
-    # message failed ends 11 (not the claims preset: the exercise's rule).
-    error = run_error(
-        report,
-        [flow],
-        batch=until_empty,
-        where=lambda _f: qname,
-        unfinished=lambda name, aborted: _unfinished(name, aborted, max_seconds, qname),
+    consume_and_report(
+        flow,
+        db or default_db(),
+        Where(qname, unsettled=f"back to {qname}", in_flight=f"return to {qname}"),
+        until_empty=until_empty,
+        max_seconds=max_seconds,
+        telemetry=telemetry,
+        as_json=as_json,
     )
-    if error is not None:
-        raise error
-
-
-def _result(report: Any, name: str, ledger: Target, until_empty: bool) -> dict[str, Any]:
-    """The run's JSON: the counts, what a stop left unsettled, the ledger, and for a
-    batch whether the queue was drained."""
-    out = {
-        **report.stats[name].as_dict(),
-        "unsettled": report.unsettled.get(name, 0),
-        "db": describe(ledger),  # a URL without its password
-        "aborted": report.aborted,
-    }
-    if until_empty:
-        out["drained"] = report.drained[name]
-    return out
 
 
 def _consume_flow(
@@ -204,24 +163,3 @@ def _consume_flow(
     values = {**flags, "required": required, "queue": queue or QUEUE, "prefetch": prefetch}
     fixed = {"url": url, "id_property": True, "http.timeout": timeout, "http.concurrency": prefetch}
     return own_flow("rabbitmq", values, fixed)
-
-
-def _unfinished(
-    signal_name: str | None, aborted: bool, max_seconds: float | None, queue: str
-) -> str:
-    """The one line of a run that did not finish (128 + the signal, or 1 for the deadline)."""
-    if aborted:
-        # An interrupted command: the run did not finish its in-flight claims.
-        return f"interrupted by a second signal; in-flight messages return to {queue}"
-    if signal_name is not None:
-        return f"stopped by {signal_name} before {queue} was drained; the rest waits in {queue}"
-    within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
-    return f"{queue} not drained{within}; the rest waits there"
-
-
-def _print_consume(stats: Any, result: dict[str, Any], db: Target, queue: str) -> None:
-    # "N unsettled", the JSON's key: deliveries a stop left unacked, back in the queue.
-    tail = f", {result['unsettled']} unsettled (back to {queue})" if result["unsettled"] else ""
-    if result.get("drained"):
-        tail += f"; {queue} drained"
-    print_run_summary(stats, tail=f"{tail}; ledger {describe(db)}")

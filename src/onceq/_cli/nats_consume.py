@@ -8,18 +8,13 @@ from typing import Any
 import click
 
 from onceq._cli.broker_consume_options import consume_options
+from onceq._cli.broker_run import Where, consume_and_report
 from onceq._cli.flow_flags import own_flow
 from onceq._cli.flow_options import check_http_flags
 from onceq._cli.nats import cli_url
 from onceq._cli.ops_options import pop_ops, telemetry_for
-from onceq._cli.output import emit_json, note_new_ledger, print_run_summary
-from onceq._cli.progress import live_progress
-from onceq._core.hooks import RunHooks
 from onceq._core.logs import setup as setup_logs
-from onceq._core.stop import Stop
-from onceq._flows.batch import run_report
-from onceq._flows.run_end import run_error
-from onceq._ledger.target import Target, describe
+from onceq._ledger.target import Target
 from onceq._sources.nats.names import DEFAULT_PREFETCH
 from onceq.errors import UsageError
 
@@ -91,53 +86,13 @@ def consume(
     }
     fixed = {"url": url, "id_property": True, "http.timeout": timeout, "http.concurrency": prefetch}
     flow = own_flow("nats", values, fixed)
-    ledger = db or Path(DEFAULT_DB)
     where = f"{stream}/{durable}"
-    hooks = RunHooks()
-    hooks.ledger_created.append(note_new_ledger)
-    with live_progress(where, "dead", hooks):
-        report = run_report(
-            [flow],
-            ledger,
-            until_empty=until_empty,
-            max_seconds=max_seconds,
-            telemetry=telemetry,
-            hooks=hooks,
-            stop=Stop(second="abort", respect_ignored=False),
-        )
-    name = flow.name
-    result = {
-        **report.stats[name].as_dict(),
-        "unsettled": report.unsettled.get(name, 0),
-        "db": describe(ledger),
-        "aborted": report.aborted,
-    }
-    if until_empty:
-        result["drained"] = report.drained[name]
-    if as_json:
-        emit_json(result)
-    else:
-        tail = f", {result['unsettled']} unsettled (redelivered)" if result["unsettled"] else ""
-        if result.get("drained"):
-            tail += f"; {where} drained"
-        print_run_summary(report.stats[name], tail=f"{tail}; ledger {describe(ledger)}")
-    error = run_error(
-        report,
-        [flow],
-        batch=until_empty,
-        where=lambda _f: where,
-        unfinished=lambda sig, aborted: _unfinished(sig, aborted, max_seconds, where),
+    consume_and_report(
+        flow,
+        db or Path(DEFAULT_DB),
+        Where(where, unsettled="redelivered", in_flight=f"are redelivered by {where}"),
+        until_empty=until_empty,
+        max_seconds=max_seconds,
+        telemetry=telemetry,
+        as_json=as_json,
     )
-    if error is not None:
-        raise error
-
-
-def _unfinished(
-    signal_name: str | None, aborted: bool, max_seconds: float | None, where: str
-) -> str:
-    if aborted:
-        return f"interrupted by a second signal; in-flight messages are redelivered by {where}"
-    if signal_name is not None:
-        return f"stopped by {signal_name} before {where} was drained; the rest waits there"
-    within = f" within --max-seconds {max_seconds:g}" if max_seconds is not None else ""
-    return f"{where} not drained{within}; the rest waits there"
