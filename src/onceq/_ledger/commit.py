@@ -66,14 +66,7 @@ class GroupCommit(ABC):
         """Record a group of outcomes in one durable transaction (see the module)."""
         now = utcnow()
         entries = list(entries)
-        for e in entries:
-            if e.kind is SUCCESS:
-                # Built once here, checked as it is built: one message's value that the
-                # database cannot bind (an int over 64 bits, a lone surrogate, a NUL on
-                # PostgreSQL) would fail the whole group, so it is refused alone.
-                problem = self._build_row(e, now)
-                if problem:
-                    e._refuse(problem)
+        self._build_rows(entries, now)
         states = [e._state() for e in entries]
         tried = False
 
@@ -127,6 +120,17 @@ class GroupCommit(ABC):
                     e.recovered = True
                 else:
                     record_failure(tx, self.flow, self.source, e, now)
+
+    def _build_rows(self, entries: list[Entry], now: str) -> None:
+        """Build each success's row (`_build_row`); a kind may do it in one loop of its own."""
+        for e in entries:
+            if e.kind is SUCCESS:
+                # Built once here, checked as it is built: one message's value that the
+                # database cannot bind (an int over 64 bits, a lone surrogate, a NUL on
+                # PostgreSQL) would fail the whole group, so it is refused alone.
+                problem = self._build_row(e, now)
+                if problem:
+                    e._refuse(problem)
 
     # --- what a kind of database supplies ----------------------------------------------
 

@@ -61,7 +61,8 @@ def apply(ledger: GroupCommit, tx: Tx, won: list[Entry]) -> None:
         # savepoint of its own, so a group where none fails pays no savepoint per
         # message. Either way a raising function's rows go alone.
         at_once = getattr(ledger, "_call_effects_at_once", None)
-        if at_once is not None and at_once(tx, function, [_doc(e) for e in todo]):
+        docs = [e.fields.get("doc") or {} for e in todo]  # _doc, inline: per message
+        if at_once is not None and at_once(tx, function, docs):
             return
         for e in todo:
             raised = ledger._call_effect(tx, function, _doc(e))

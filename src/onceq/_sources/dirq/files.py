@@ -17,7 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onceq.errors import UsageError
+from onceq._core.transport import ACK, DEAD, DELAY, RELEASE, REQUEUE
+from onceq.errors import QueueError, UsageError
+
+# Where a settled file goes. The directory queue's own retry: a transient failure
+# waits in retry/ (never back in the inbox, where it would be claimed again at once:
+# the poison loop); what the breaker held untried goes back to the inbox as it was.
+DEST = {
+    ACK: "done",
+    DEAD: "error",
+    DELAY: "retry",
+    REQUEUE: "retry",
+    RELEASE: "inbox",
+}
 
 
 def is_message_name(name: str) -> bool:
@@ -138,6 +150,19 @@ def _same_file(a: str, b: str, a_fd: int | None = None, b_fd: int | None = None)
 
 def open_dir(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def move_error(folder: Path, ref: str, exc: OSError) -> QueueError:
+    """A consumer's move after a commit failed: the run stops with this error.
+
+    The records are durable and the claims stay in the consumer's folder: the next
+    run takes them over and finishes these moves (nothing lost, nothing applied
+    twice). The run stops: every later move would fail alike.
+    """
+    return QueueError(
+        f"{folder}: cannot move {ref} there: {exc.strerror};"
+        " the claimed files wait in processing/ for the next run"
+    )
 
 
 # --- the moves after a commit ------------------------------------------------------

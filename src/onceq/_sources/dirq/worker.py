@@ -44,9 +44,9 @@ from pathlib import Path
 
 from onceq._core import faults
 from onceq._core.message import DEFAULT_MAX_BYTES
-from onceq._core.transport import ACK, DEAD, DELAY, RELEASE, REQUEUE, Delivery, Settle
+from onceq._core.transport import ACK, DELAY, Delivery, Settle
 from onceq._sources.dirq import retry_area
-from onceq._sources.dirq.files import Mover, link_no_clobber, open_dir
+from onceq._sources.dirq.files import DEST, Mover, link_no_clobber, move_error, open_dir
 from onceq._sources.dirq.queue import FOLDERS, DirQueue
 from onceq._sources.dirq.read import read_claim
 from onceq._sources.dirq.takeover import LOCK, NURSERY, recover, sweep_nurseries
@@ -181,10 +181,13 @@ class Worker:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise QueueError(f"{self.dir}: cannot claim {name}: {exc.strerror}") from exc
+            raise self._claim_error(name, exc) from exc
         self._held.add(name)
         faults.hit("after-claim")
         return True
+
+    def _claim_error(self, name: str, exc: OSError) -> QueueError:
+        return QueueError(f"{self.dir}: cannot claim {name}: {exc.strerror}")
 
     # --- Transport ------------------------------------------------------------------
 
@@ -247,10 +250,11 @@ class Worker:
                         claimed = True
                         self._took()
                         yield self._delivery(name)
-            # The checks of _may_claim and _took written out, and the claim read at
-            # once: this loop runs once per message, and each call saved here shows
-            # in a run's instructions per message.
-            own, max_bytes = self._fds["own"], self.max_bytes
+            # The checks of _may_claim and _took, and _claim itself, written out, and
+            # the claim read at once: this loop runs once per message, and each call
+            # saved here shows in a run's instructions per message (_claim inline:
+            # 33.2k -> 32.6k instructions per file for the transport alone).
+            own, max_bytes, held, hit = self._fds["own"], self.max_bytes, self._held, faults.hit
             names = [n for n in os.listdir(inbox) if n[0] != "." and not n.endswith(".tmp")]
             names.sort()  # is_message_name, inline: dotfiles and *.tmp are partial writes
             for name in names:
@@ -262,8 +266,16 @@ class Worker:
                     or (self._next_due < _NEVER and time.time() >= self._next_due)
                 ):
                     break
-                if not self._claim(name, name, inbox):
+                if name in held:  # _claim: never rename over a file we still hold
                     continue
+                try:
+                    os.rename(name, name, src_dir_fd=inbox, dst_dir_fd=own)
+                except FileNotFoundError:
+                    continue  # another consumer won it
+                except OSError as exc:
+                    raise self._claim_error(name, exc) from exc
+                held.add(name)
+                hit("after-claim")
                 claimed = True
                 if self._paused:
                     self._probes -= 1
@@ -330,7 +342,7 @@ class Worker:
         for d, settle, _reason in group:
             # ACK (nearly every file) by identity: an enum's hash is a Python-level
             # call, paid per file by the table lookup.
-            dest = "done" if settle is ACK else _DEST[settle]
+            dest = "done" if settle is ACK else DEST[settle]
             if dest == "retry":
                 # The due time goes on the claimed file BEFORE it has a name in retry/:
                 # no instant shows the file in retry/ without it (it would be due at
@@ -352,9 +364,9 @@ class Worker:
                         d.token, d.ref, src_dir_fd=own, dst_dir_fd=fds[dest]
                     )
                 except OSError as exc:
-                    raise self._move_error(dest, d, exc) from exc
+                    raise move_error(self.queue.folder(dest), d.ref, exc) from exc
             except OSError as exc:
-                raise self._move_error(dest, d, exc) from exc
+                raise move_error(self.queue.folder(dest), d.ref, exc) from exc
             if linked:
                 to_unlink.append(d.token)
             touched.add(dest)
@@ -380,24 +392,3 @@ class Worker:
         # name must not rename over it.
         self._held.difference_update([d.ref for d, _, _ in group])
         return earliest
-
-    def _move_error(self, dest: str, d: Delivery, exc: OSError) -> QueueError:
-        # The records are durable and the claims stay in our folder: the next run
-        # takes them over and finishes these moves (nothing lost, nothing applied
-        # twice). The run stops: every later move would fail alike.
-        return QueueError(
-            f"{self.queue.folder(dest)}: cannot move {d.ref} there: {exc.strerror};"
-            " the claimed files wait in processing/ for the next run"
-        )
-
-
-# Where a settled file goes. The directory queue's own retry: a transient failure
-# waits in retry/ (never back in the inbox, where it would be claimed again at once:
-# the poison loop); what the breaker held untried goes back to the inbox as it was.
-_DEST = {
-    ACK: "done",
-    DEAD: "error",
-    DELAY: "retry",
-    REQUEUE: "retry",
-    RELEASE: "inbox",
-}
