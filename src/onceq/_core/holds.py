@@ -79,8 +79,12 @@ class Holds:
         self._wake_up()
 
     def close(self) -> None:
+        # Stopped too, not only cancelled: each task's loop ends on `stopped`, so a
+        # task that lost its cancel (see `wait`) still ends at its next wake.
+        self.stopped = True
         for t in self._tasks:
             t.cancel()
+        self._wake_up()
 
     def _spawn(self, coro: Any, name: str, on_done: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -181,6 +185,14 @@ class Holds:
 
 
 async def wait(event: asyncio.Event, seconds: float | None) -> None:
-    """Until `event` is set or `seconds` pass (None: no limit)."""
+    """Until `event` is set or `seconds` pass (None: no limit).
+
+    asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for runs the wait in a
+    task of its own and, when a cancel lands in the turn that task ends (the event set
+    as `Holds.close` cancels), returns its result and drops the cancel (CPython
+    gh-86296): the prober and the ledger's watcher then outlived their loop, probing
+    a closed transport and pinging a closed ledger (tests/unit/test_lost_cancel.py).
+    Awaited in this task, the cancel reaches the wait whatever else is due."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)
+        async with asyncio.timeout(seconds):
+            await event.wait()

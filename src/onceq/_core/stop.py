@@ -66,10 +66,15 @@ class Stop:
             fn()
 
     async def sleep(self, seconds: float) -> bool:
-        """Wait `seconds`, or less if a stop comes; True when stopped."""
+        """Wait `seconds`, or less if a stop comes; True when stopped.
+
+        asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a cancel
+        that lands in the turn the stop wakes it (CPython gh-86296), and answered
+        "stopped" to a task that was cancelled (tests/unit/test_lost_cancel.py)."""
         if not self.requested:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await self._wake.wait()
         return self.requested
 
     def on_signal(self, signum: int) -> None:

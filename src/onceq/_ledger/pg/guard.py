@@ -175,11 +175,13 @@ class PgGuard:
             self._release_timer = None
         task = self._task
         if task is not None:
-            # Python 3.11's asyncio.wait_for (the flusher's bounded queries) swallows a
-            # cancel that lands as its inner await finishes: the flusher then went back
-            # to waiting for work, for ever, and this close with it (a run that never
-            # ended, idle). So the flag ends its loop too, and the cancel is repeated
-            # until the task is done.
+            # Python 3.11's asyncio.wait_for (which bounded the flusher's queries until
+            # they moved to asyncio.timeout) swallows a cancel that lands as its inner
+            # await finishes: the flusher then went back to waiting for work, for
+            # ever, and this close with it (a run that never ended, idle;
+            # tests/unit/test_pg_guard_lost_cancel.py). So the flag ends its loop
+            # too, and the cancel is repeated until the task is done: whatever the
+            # flusher awaits, a close never depends on one cancel arriving.
             while not task.done():
                 task.cancel()
                 self._work.set()
@@ -249,9 +251,12 @@ class PgGuard:
         found: dict[str, str] | None = None
         if conn is not None:
             try:
-                refused, found = await asyncio.wait_for(
-                    self._send(conn, releases, claims), QUERY_TIMEOUT_S
-                )
+                # asyncio.timeout, not wait_for: on 3.11 wait_for ran the query in a
+                # task of its own (one more task per batch) and dropped a cancel that
+                # landed as the answer came in (see `aclose`); here the query runs in
+                # the flusher's task and a cancel reaches it whatever else is due.
+                async with asyncio.timeout(QUERY_TIMEOUT_S):
+                    refused, found = await self._send(conn, releases, claims)
             except _LOST as exc:
                 if getattr(exc, "sqlstate", None) in SHORT_OF_LOCKS:
                     self._warn_short(exc)  # the session (and its locks) is fine
@@ -345,7 +350,8 @@ class PgGuard:
                 # up (CREATE FUNCTION waiting on a catalog lock, a server that stopped
                 # answering) is a connection away, never a batch whose claims wait for
                 # ever. connect_timeout bounds only the connect.
-                self._fn = await asyncio.wait_for(self._set_up(conn), QUERY_TIMEOUT_S)
+                async with asyncio.timeout(QUERY_TIMEOUT_S):  # not wait_for: see _flush
+                    self._fn = await self._set_up(conn)
             except BaseException:
                 await conn.close()
                 raise
