@@ -180,6 +180,45 @@ def server_cpu(url: str) -> dict[int, float]:
     return {pid: process_cpu(pid) for pid in server_pids(url)}
 
 
+def flights(url: str) -> tuple[int, int]:
+    """TCP data segments (client → server, server → client) of the database's sessions
+    (the bench's reader apart), from the kernel's counters of each server-side socket
+    (`ss -ti`: data_segs_in, data_segs_out), read while the sessions are alive.
+
+    The server answers a pipeline at its Sync or Flush, a simple query at its end, so
+    its segments out are about its round trips (a Flush right behind a Sync, an answer
+    bigger than a segment: a few more); the client's segments in are its sends (psycopg
+    may send a pipeline's statements in several). Counted from outside the consumer:
+    no tracing in the process under test.
+    """
+    import subprocess
+
+    rows = _reader(url).execute(
+        "SELECT client_port FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND datname = current_database() AND client_port IS NOT NULL"
+    )
+    ports = {int(port) for (port,) in rows.fetchall()}
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", "( sport = :5432 )"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    seg_in = seg_out = 0
+    lines = out.splitlines()
+    for head, info in zip(lines[::2], lines[1::2], strict=False):
+        try:
+            port = int(head.split()[-1].rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if port not in ports:
+            continue
+        for field in info.split():
+            if field.startswith("data_segs_in:"):
+                seg_in += int(field.split(":")[1])
+            elif field.startswith("data_segs_out:"):
+                seg_out += int(field.split(":")[1])
+    return seg_in, seg_out
+
+
 def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds used between two readings; a process born between counts whole."""
     return sum(now - before.get(pid, 0.0) for pid, now in after.items() if now == now)

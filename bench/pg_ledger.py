@@ -32,7 +32,11 @@ distinct commit stamps): each PostgreSQL commit is two round trips (BEGIN and th
 dedup insert, which returns the transaction's id; then the rest with the COMMIT), and
 each claim batch one more (the in-flight guard: releases, claims and the duplicate
 check in one statement), so fewer messages per commit means more of a message's time
-waiting on the server. PostgreSQL is the server named by ONCEQ_BENCH_PG
+waiting on the server. The round trips themselves are counted from outside the consumer:
+the kernel's TCP counters of the run database's sessions (`pg_common.flights`: the
+server's data segments out ~ its answers, the consumer's in ~ its sends), per message.
+The consumer's CPU is shown whole (start-up included) and steady (after its first
+commit). PostgreSQL is the server named by ONCEQ_BENCH_PG
 (default postgresql://postgres@127.0.0.1:5432/postgres); each run's database is
 dropped afterwards. Exits 1 when a target is missed.
 
@@ -67,6 +71,8 @@ class MqRun:
     consumer_cpu: float  # the consumer process (start-up included), or the bench's own
     pg_cpu: float | None = None  # the ledger's server processes over the run (PostgreSQL)
     groups: int | None = None  # group commits (distinct commit stamps): messages per commit
+    steady: float = float("nan")  # consumer CPU per message after its first commit
+    flights: tuple[int, int] | None = None  # TCP segments to / from PostgreSQL (pc.flights)
 
 
 def mq_once(
@@ -84,25 +90,31 @@ def mq_once(
     if key.startswith("ceil"):
         run = mc.bare_consumer(vhost, claim, n, prefetch)
         mc.check_drained(vhost, claim, n, key)
-        return MqRun(run.span, run.cpu)
+        return MqRun(run.span, run.cpu, steady=run.cpu_steady)
     if key.startswith("sqlite"):
         run = mc.run_consumer(vhost, claim, work / f"{key}.db", n, prefetch)
         mc.check_drained(vhost, claim, n, key)
-        return MqRun(run.span, run.cpu, groups=pc.groups(work / f"{key}.db"))
+        return MqRun(run.span, run.cpu, groups=pc.groups(work / f"{key}.db"), steady=run.cpu_steady)
     with pc.temp_database("mq") as url:
         # Read the server's CPU while the consumer's sessions are alive: a backend's
         # counters leave with it. Before: the shared processes (not the CREATE DATABASE's).
         before = pc.server_cpu(url)
         after: dict[int, float] = {}
+        segs: list[tuple[int, int]] = []
+
+        def before_stop() -> None:
+            after.update(pc.server_cpu(url))
+            segs.append(pc.flights(url))
+
         run = mc.run_consumer(
             vhost, claim, url, n, prefetch, log=work / f"{key}.stderr",
-            before_stop=lambda: after.update(pc.server_cpu(url)), checkout=checkout,
+            before_stop=before_stop, checkout=checkout,
         )  # fmt: skip
         mc.check_drained(vhost, claim, n, key)
         if pc.ledger_count(url, "messages") != n:
             sys.exit(f"bench: {key}: the ledger holds {pc.ledger_count(url, 'messages')}/{n}")
         groups = pc.groups(url)
-    return MqRun(run.span, run.cpu, pc.cpu_since(before, after), groups)
+    return MqRun(run.span, run.cpu, pc.cpu_since(before, after), groups, run.cpu_steady, segs[0])
 
 
 def mq_part(
@@ -146,14 +158,17 @@ def mq_report(
             f"{run.span.rate / ceil:.2f}",
             f"{run.span.counted}/{run.span.seconds:.2f}s",
             f"{run.consumer_cpu / n * 1000:.2f}",
+            f"{run.steady * 1000:.2f}",
             "–" if run.pg_cpu is None else f"{run.pg_cpu / n * 1000:.2f}",
             "–" if not run.groups else f"{n / run.groups:.1f}",
+            "–" if run.flights is None else f"{run.flights[1] / n:.2f}/{run.flights[0] / n:.2f}",
         )
 
     print()
     mc.table(
         ("mq consume, stub delay 0", "msg/s", "of SQLite", "of ceil", "counted/span",
-         "consumer CPU ms/msg", "postgres CPU ms/msg", "msgs/commit"),
+         "consumer CPU ms/msg", "steady", "postgres CPU ms/msg", "msgs/commit",
+         "round trips/msg"),
         [
             row(f"ceiling: bare aiormq+aiohttp+SQLite, prefetch {prefetch}", "ceil"),
             row(f"onceq mq consume --prefetch {prefetch} --db ./x.db (SQLite)", "sqlite"),
@@ -163,7 +178,9 @@ def mq_report(
     )  # fmt: skip
     print(
         " (consumer CPU: its process, start-up included; the ceiling's: the bench process;"
-        " msgs/commit: messages per group commit, from the ledger's commit stamps)"
+        " steady: after the first commit; msgs/commit: messages per group commit, from the"
+        " ledger's commit stamps;\n  round trips/msg: the server's TCP segments to the"
+        " consumer's sessions / the consumer's to the server, per message: pc.flights)"
     )
     if other:
         this_other = best["pg"].span.rate / best["pg@other"].span.rate
