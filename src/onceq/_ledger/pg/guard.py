@@ -17,7 +17,7 @@ batch to ride with (RELEASE_WAIT_S at most) instead of costing a round trip of i
 own. With `lookup` (what `PgLedger.inflight_guard` builds) the same round trip also
 does the loop's duplicate check: after the claim, a second statement reads the
 ledger's refs of the batch's ids, and a claim answers `Checked(ref)` (see
-`LOOKUP_SQL` for why that read cannot miss a twin's commit). The three statements
+`guard_session.LOOKUP_SQL` for why that read cannot miss a twin's commit). The three statements
 are one call of a function the session makes for itself (`guard_session.CLAIM_FN`),
 or one pipeline where it cannot make one. A claim that finds the lock held
 (`pg_try_advisory_lock` is false: never a blocking `pg_advisory_lock`, which would
@@ -46,6 +46,9 @@ from onceq._core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq._core.redact import redact_url
 from onceq._ledger.pg.guard_session import (
     CLAIM_FN_CALL,
+    CLAIM_SQL,
+    LOOKUP_SQL,
+    UNLOCK_SQL,
     guard_conninfo,
     make_claim_fn,
     sendable,
@@ -54,34 +57,6 @@ from onceq.errors import LedgerError, redact_text
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
 
-# One statement per batch whatever its size (a prepared text for every batch size).
-# It answers with the ids it could NOT lock, usually none: parsing a row per granted
-# id cost more client CPU than the lock itself.
-CLAIM_SQL = (
-    "SELECT k FROM unnest(%s::text[]) AS k"
-    " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
-)
-# The duplicate check of a claim batch: `PgLedger.processed_refs`'s query, schema
-# qualified (this session keeps the default search_path). Why it is correct:
-# - it is a SEPARATE statement after CLAIM_SQL in the pipeline, never a subquery of
-#   it: a statement's snapshot is taken when the statement starts, so a read inside
-#   the claim statement would use a snapshot older than its own lock, and miss a twin
-#   that committed and released between the two (the lock granted, the read stale:
-#   the partner called twice). Under READ COMMITTED (forced on this session) each
-#   statement takes a fresh snapshot, so this one sees every commit made before the
-#   locks were granted;
-# - a twin releases its lock only after its commit returned (commit → settle →
-#   release, `onceq._core.consumer`), so when our lock is granted the twin's row is visible;
-# - ids whose lock was refused are read too (one statement for the batch) but their
-#   answer is dropped: they are claimed again, and read again after that lock.
-LOOKUP_SQL = (
-    "SELECT u.id, coalesce(m.ref, '') FROM unnest(%s::text[]) AS u(id)"
-    " JOIN onceq.messages AS m ON m.flow = %s AND m.msg_id = u.id"
-)
-UNLOCK_SQL = (  # one row back whatever the batch's size
-    "SELECT count(pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)))"
-    " FROM unnest(%s::text[]) AS k"
-)
 # The longest an unlock waits for a claim batch to go out with (`release`).
 RELEASE_WAIT_S = 0.005
 # A guard query is a lock-table lookup: one that takes longer than this means the

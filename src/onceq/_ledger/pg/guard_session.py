@@ -40,6 +40,35 @@ def guard_conninfo(url: str) -> str:
     return make_conninfo(url, **extra)
 
 
+# One statement per batch whatever its size (a prepared text for every batch size).
+# It answers with the ids it could NOT lock, usually none: parsing a row per granted
+# id cost more client CPU than the lock itself.
+CLAIM_SQL = (
+    "SELECT k FROM unnest(%s::text[]) AS k"
+    " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
+)
+# The duplicate check of a claim batch: `PgLedger.processed_refs`'s query, schema
+# qualified (this session keeps the default search_path). Why it is correct:
+# - it is a SEPARATE statement after CLAIM_SQL in the pipeline, never a subquery of
+#   it: a statement's snapshot is taken when the statement starts, so a read inside
+#   the claim statement would use a snapshot older than its own lock, and miss a twin
+#   that committed and released between the two (the lock granted, the read stale:
+#   the partner called twice). Under READ COMMITTED (forced on this session) each
+#   statement takes a fresh snapshot, so this one sees every commit made before the
+#   locks were granted;
+# - a twin releases its lock only after its commit returned (commit → settle →
+#   release, `onceq._core.consumer`), so when our lock is granted the twin's row is visible;
+# - ids whose lock was refused are read too (one statement for the batch) but their
+#   answer is dropped: they are claimed again, and read again after that lock.
+LOOKUP_SQL = (
+    "SELECT u.id, coalesce(m.ref, '') FROM unnest(%s::text[]) AS u(id)"
+    " JOIN onceq.messages AS m ON m.flow = %s AND m.msg_id = u.id"
+)
+UNLOCK_SQL = (  # one row back whatever the batch's size
+    "SELECT count(pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)))"
+    " FROM unnest(%s::text[]) AS k"
+)
+
 # The batch in ONE statement (releases, claims, then the lookup), a function of the
 # guard's session (pg_temp: nothing in the ledger's schema, gone with the session):
 # half the client CPU and wall of the pipeline of three statements it replaces
@@ -48,8 +77,8 @@ def guard_conninfo(url: str) -> str:
 # its lookup is still correct: a VOLATILE function (the default) takes a fresh
 # snapshot for each statement it runs under READ COMMITTED (forced on this session),
 # so the lookup's snapshot is taken after the claim's locks were granted, as with
-# guard.LOOKUP_SQL sent after guard.CLAIM_SQL; never one statement of SQL for both
-# (see guard.LOOKUP_SQL). Rows: an id whose lock was refused with a NULL ref (its refs,
+# LOOKUP_SQL sent after CLAIM_SQL; never one statement of SQL for both
+# (see LOOKUP_SQL). Rows: an id whose lock was refused with a NULL ref (its refs,
 # if any, are dropped: it is claimed and read again), an id found with its ref.
 CLAIM_FN = """
 CREATE OR REPLACE FUNCTION pg_temp.onceq_claim(f text, rel text[], ids text[])
