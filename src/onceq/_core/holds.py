@@ -25,7 +25,6 @@ may not call waiting here (bounded by max_in_flight) instead of giving them back
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 from onceq._core.breaker import CLOSED, OPEN, Breaker
 from onceq._core.ledger_api import LedgerApi
 from onceq._core.retry import BreakerPolicy
+from onceq._core.waits import wait
 
 log = logging.getLogger("onceq.holds")  # the name in every log line: kept across moves
 
@@ -182,17 +182,3 @@ class Holds:
         )
         self._unhold(LEDGER)
         self._wake_up()
-
-
-async def wait(event: asyncio.Event, seconds: float | None) -> None:
-    """Until `event` is set or `seconds` pass (None: no limit).
-
-    asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for runs the wait in a
-    task of its own and, when a cancel lands in the turn that task ends (the event set
-    as `Holds.close` cancels), returns its result and drops the cancel (CPython
-    gh-86296): the prober and the ledger's watcher then outlived their loop, probing
-    a closed transport and pinging a closed ledger (tests/unit/test_lost_cancel.py).
-    Awaited in this task, the cancel reaches the wait whatever else is due."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await event.wait()

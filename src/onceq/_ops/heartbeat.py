@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import quote
 
 from onceq._core.redact import redact_text
+from onceq._core.waits import wait
 from onceq._ledger.ops import utcnow
 from onceq._ledger.target import as_target, is_pg_url
 
@@ -218,9 +219,7 @@ class Heartbeat:
                 self._wake.clear()
                 await self._publish(snap)
                 last_sent, last_at = snap, now
-            wait = max(0.0, min(CHECK, self.every - (time.monotonic() - last_at)))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await wait(self._wake, max(0.0, min(CHECK, self.every - (time.monotonic() - last_at))))
 
     def _snapshot(self, status: str) -> dict[str, Any]:
         try:

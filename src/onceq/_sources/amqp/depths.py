@@ -26,7 +26,6 @@ request per queue, and many scrapers must not multiply the broker's load).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceq._core.redact import redact_text
+from onceq._core.waits import wait
 from onceq._sources.amqp.management import ManagementApi, management_api
 from onceq._sources.amqp.topology import Topology
 from onceq._sources.amqp.url import boundary, close_quietly, connect, vhost_of
@@ -225,8 +225,7 @@ class DepthCache:
         try:
             while not stop.is_set():
                 await self.refresh()
-                with contextlib.suppress(TimeoutError):  # the period is over: read again
-                    await asyncio.wait_for(stop.wait(), self.every)
+                await wait(stop, self.every)  # the period is over: read again
         finally:
             await self.aclose()
 

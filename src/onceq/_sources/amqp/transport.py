@@ -315,8 +315,9 @@ class AmqpTransport(ConsumerControl, Settling):
                 yield item
                 continue
             if self.until_empty and self._held == 0:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), IDLE_PROBE_S)
+                try:  # asyncio.timeout keeps a cancel that meets a wake (onceq._core.waits)
+                    async with asyncio.timeout(IDLE_PROBE_S):
+                        await self._changed.wait()
                 except TimeoutError:
                     if await self._drained():
                         self.drained = True

@@ -10,7 +10,6 @@ States: inbox, processing (every worker's claims), retry, error — the counts
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from onceq._core.waits import wait
 from onceq._sources.dirq.files import is_message_name
 from onceq._sources.dirq.queue import DirQueue
 from onceq.errors import NotFound, OnceqError
@@ -163,8 +163,7 @@ class DirScan:
                         self._counts, self._oldest_mtime = counts, oldest
                 else:
                     await asyncio.to_thread(self.scan)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.every)
+                await wait(stop, self.every)
         finally:
             if child is not None:
                 await child.aclose()

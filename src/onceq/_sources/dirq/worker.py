@@ -45,6 +45,7 @@ from pathlib import Path
 from onceq._core import faults
 from onceq._core.message import DEFAULT_MAX_BYTES
 from onceq._core.transport import ACK, DELAY, Delivery, Settle
+from onceq._core.waits import wait
 from onceq._sources.dirq import retry_area
 from onceq._sources.dirq.files import DEST, Mover, link_no_clobber, move_error, open_dir
 from onceq._sources.dirq.queue import FOLDERS, DirQueue
@@ -224,8 +225,7 @@ class Worker:
         """Until a settle, stop, resume or probe, or `seconds` (None: no limit)."""
         assert self._changed is not None
         self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
+        await wait(self._changed, seconds)
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
         """Recovered files, then due retries and the inbox, until nothing is left (module)."""

@@ -11,10 +11,10 @@ dead           dead letters kept in the flow's dead-letter stream
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
+from onceq._core.waits import wait
 from onceq._sources.nats.connect import API_TIMEOUT, boundary, close_quietly, connect
 from onceq._sources.nats.names import dead_subject_of, nats_url
 
@@ -111,8 +111,7 @@ class NatsDepths:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self._read()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every)
+            await wait(stop, self.every)
 
     async def _read(self) -> None:
         t = self.transport
