@@ -302,7 +302,13 @@ class AmqpTransport(ConsumerControl, Settling):
                 item = self._buffer.popleft()
                 if item is _END:
                     return
-                if _channel_closed(item.token):
+                token = item.token
+                # A Received's channel read directly (two Python calls less a delivery).
+                if (
+                    token.message.channel.is_closed
+                    if token.__class__ is Received
+                    else _channel_closed(token)
+                ):
                     # Its channel died before we started on it: the broker has already
                     # requeued it and will deliver it again on the new channel.
                     self._held -= 1
