@@ -12,6 +12,7 @@ ack only after the record is committed:
   httpx.Client (keep-alive), INSERT OR IGNORE + commit per message (SQLite's
   default settings: rollback journal, synchronous FULL), then basic_ack;
 - onceq: a user's own flow over the same queue, `onceq run FILE --json` (prefetch 50,
+  http.concurrency 50 as the ceiling's pool,
   POST to the same URL, the id from the message_id property) as a user runs it (calls
   overlap up to prefetch; outcomes of several messages share one commit; WAL +
   synchronous FULL; ack after the commit); its one record per message is the ledger's

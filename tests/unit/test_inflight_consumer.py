@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from onceq._core.consumer import Consumer, Outcome
+from onceq._core.entry import Entry
 from onceq._core.inflight import FileGuard, guard_for
 from onceq._core.retry import RetryPolicy
 from onceq._core.transport import Delivery, Kind, Settle
@@ -192,8 +193,9 @@ def test_a_stop_cuts_a_wait_for_a_twin_elsewhere_short(tmp_path: Path) -> None:
 
 
 def test_a_stop_while_the_check_is_answered_starts_no_call(tmp_path: Path) -> None:
-    """Both ledgers answer a tick's checks a moment later: a stop in that moment must
-    still start no call, and leave the copy unsettled (the broker returns it)."""
+    """A ledger read through its tick's batch (PostgreSQL's; SQLite's when no FileGuard
+    stands beside it) answers a moment later: a stop in that moment must still start
+    no call, and leave the copy unsettled (the broker returns it)."""
     partner = Partner(0.0)
     t = MemoryTransport()
     fill(t, 1)
@@ -211,7 +213,8 @@ def test_a_stop_while_the_check_is_answered_starts_no_call(tmp_path: Path) -> No
         led.aprocessed_ref = aprocessed_ref  # type: ignore[method-assign]
 
         async def main() -> Any:
-            c = Consumer(t, led, decode, partner)
+            # No guard: the check goes through aprocessed_ref (a FileGuard's is read at once).
+            c = Consumer(t, led, decode, partner, inflight=lambda _: None)
             run = asyncio.create_task(c.run())
             await asyncio.wait_for(asked.wait(), 5)
             c.stop()
@@ -221,6 +224,38 @@ def test_a_stop_while_the_check_is_answered_starts_no_call(tmp_path: Path) -> No
         stats = asyncio.run(main())
     assert partner.calls == Counter() and stats.processed == 0
     assert t.acked == [] and t.released == []
+
+
+def test_beside_a_file_guard_the_check_is_read_at_once_after_the_lease(tmp_path: Path) -> None:
+    """SQLite with its FileGuard: each copy's check is the ledger's own read, made while
+    the copy holds its lease (a row a twin elsewhere committed before is found), never
+    the tick's batch."""
+    partner = Partner(0.0)
+    t = MemoryTransport()
+    fill(t, 3)
+    path = tmp_path / "l.db"
+    with open_ledger(path, "amqp") as led, open_ledger(path, "amqp") as elsewhere:
+        d = Delivery(body=b"{}", ref="theirs", msg_id="m001", stable_ref=True)
+        elsewhere.commit([Entry(d, Kind.SUCCESS, Settle.ACK, fields={"kind": "ok"})])
+        checked: list[tuple[str, bool]] = []
+        real = led.processed_ref
+        c = Consumer(t, led, decode, partner)
+
+        def processed_ref(msg_id: str) -> str | None:
+            guard = c.leases.guard
+            assert isinstance(guard, FileGuard)
+            checked.append((msg_id, msg_id in guard._mine))  # its lease held then
+            return real(msg_id)
+
+        async def batched(msg_id: str) -> str | None:
+            raise AssertionError("the tick's batch is not used beside a FileGuard")
+
+        led.processed_ref = processed_ref  # type: ignore[method-assign]
+        led.aprocessed_ref = batched  # type: ignore[method-assign]
+        stats = asyncio.run(c.run())
+    assert sorted(checked) == [("m000", True), ("m001", True), ("m002", True)]
+    assert stats.processed == 2 and stats.duplicates == 1
+    assert partner.calls == Counter({"m000": 1, "m002": 1})
 
 
 class AwayLedger:

@@ -17,8 +17,9 @@ reliability argument, so it lives in one place:
    directory queue) steps 2 to 4 are skipped: there is no call to save, and the
    primary key in the commit tells a second copy from the first, even in one group.
 5. The handler's outcome becomes a settle decision (`RetryPolicy.decide`).
-6. The committer writes a group of outcomes in one durable transaction, and only
-   then asks the transport to settle that group; then the lease is released. A crash
+6. The committer (`onceq._core.committer`) writes a group of outcomes in one durable
+   transaction, and only then asks the transport to settle that group; then the
+   lease is released. A crash
    before the commit leaves every copy unsettled (it comes back and runs again, the
    primary key refusing a second effect; its lease died with the process); a crash
    after the commit and before the settle leaves copies that the ledger recognises.
@@ -39,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from onceq._core import faults
+from onceq._core.committer import LEASE, SLOT, STOP, TURN, Committer
 from onceq._core.effect import effect_raised
 from onceq._core.entry import Entry
 from onceq._core.handoff import Handoff
@@ -67,9 +68,7 @@ __all__ = ["COUNTS", "Consumer", "Decoder", "Handler", "Outcome", "Stats", "no_e
 log = logging.getLogger("onceq.consumer")  # the name in every log line: kept across moves
 
 
-_STOP = object()
-# What a copy holds until the committer settles it and gives it back (`_give_back`):
-_SLOT, _TURN, _LEASE = object(), object(), object()  # its slot; + its turn; + its lease
+_UNCHECKED = object()  # `_effect`: the ledger not asked yet
 
 
 class Consumer:
@@ -138,10 +137,14 @@ class Consumer:
         self.stats = Stats()
         self.max_in_flight = max_in_flight
         self._slots = Slots(max_in_flight)
-        # (entry, what to give back after its settle: _SLOT, _TURN or _LEASE) or _STOP.
+        # (entry, what to give back after its settle: SLOT, TURN or LEASE) or STOP.
         self._pending = Handoff()
         self._tasks: set[asyncio.Task[None]] = set()  # the handler tasks under way
         self._turns = Turns()  # one copy of a msg_id in flight in this process
+        self._committer = Committer(
+            self._pending, ledger, transport, stats=self.stats, leases=self.leases,
+            turns=self._turns, slots=self._slots, hooks=self.hooks, max_group=max_group,
+        )  # fmt: skip
         self._failure: BaseException | None = None
         # Set by stop() only. The end of deliveries() is NOT a stop: a directory queue's
         # iteration ends as soon as its inbox is empty, before the handler tasks of the
@@ -151,9 +154,12 @@ class Consumer:
     async def run(self) -> Stats:
         if self.handler is not no_effect:
             self.leases.open(self.ledger)
-        committer = asyncio.create_task(self._commit_loop(), name="onceq-committer")
+        committer = asyncio.create_task(self._committer.run(), name="onceq-committer")
         committer.add_done_callback(self._stop_on_error)
         tasks = self._tasks
+        # The loop's own create_task: asyncio.create_task is one Python frame more per
+        # message to look the loop up again.
+        create_task = asyncio.get_running_loop().create_task
         self.holds.start(self._stop_on_error)
         try:
             async for delivery in self.transport.deliveries():
@@ -173,9 +179,9 @@ class Consumer:
                         delivery, decode_safely(self.decode, delivery), called=False
                     )
                     entry = self._entry(delivery, decided)
-                    self._pending.put_nowait((entry, _SLOT))
+                    self._pending.put_nowait((entry, SLOT))
                     continue
-                t = asyncio.create_task(self._handle(delivery))
+                t = create_task(self._handle(delivery))
                 tasks.add(t)
                 t.add_done_callback(self._stop_on_error)  # also drops it from `tasks`
             # Wait for the handlers, but wake at once if the committer dies (ledger error).
@@ -188,7 +194,7 @@ class Consumer:
                         raise exc
             if self._failure is not None:  # a handler task failed and is gone from `tasks`
                 raise self._failure
-            self._pending.put_nowait(_STOP)
+            self._pending.put_nowait(STOP)
             await committer
         finally:
             for t in (*tasks, committer):
@@ -263,26 +269,15 @@ class Consumer:
             else:
                 outcome = self._judged(d, decoded, called=False)
             # The task ends here: the committer records, settles, then gives back what
-            # it holds (`_give_back`): no future per copy, no wake-up after its settle.
+            # it holds (`Committer.give_back`): no future per copy, no wake-up after
+            # its settle.
             self._pending.put_nowait(
-                (self._entry(d, outcome), _LEASE if leased else _TURN if turn else _SLOT)
+                (self._entry(d, outcome), LEASE if leased else TURN if turn else SLOT)
             )
             handed = True
         finally:
             if not handed:
-                await self._give_back(d.msg_id, leased, turn)
-
-    async def _give_back(self, msg_id: str | None, leased: bool, turn: bool) -> None:
-        """What a copy held, once it is settled (or given up): the lease first, then the
-        turn (a twin of this process that takes the turn must find the lease free), then
-        its slot. The committer does the same inline for each settled copy."""
-        if leased or turn:
-            assert msg_id is not None  # a lease and a turn are taken only for an id
-            if leased and not self.leases.release_now(msg_id):
-                await self.leases.release(msg_id)
-            if turn:
-                self._turns.give_back(msg_id)
-        self._slots.release()
+                await self._committer.give_back(d.msg_id, leased, turn)
 
     async def _effect(
         self, d: Delivery, decoded: Outcome, checked: Checked | None
@@ -292,10 +287,18 @@ class Consumer:
         assert d.msg_id is not None
         if self.guard is not None and self.guard.stopped:
             return Outcome(HELD, GUARD_HELD)  # no call after the guard's stop
-        # Both ledgers answer one tick's checks together (PostgreSQL: one round trip).
-        while checked is None:
+        # PostgreSQL answers one tick's checks together (one round trip); SQLite beside
+        # a FileGuard at once (`Leases.check_now`).
+        # The answer as a plain value: a frozen `Checked` per message cost ~1.5k
+        # instructions for nothing.
+        ref = checked.ref if checked is not None else _UNCHECKED
+        while ref is _UNCHECKED:
             try:
-                checked = Checked(await self.ledger.aprocessed_ref(d.msg_id))
+                # After the lease either way: a twin that committed meanwhile is found.
+                if self.leases.check_now:  # an in-process ledger: see Leases
+                    ref = self.ledger.processed_ref(d.msg_id)
+                else:
+                    ref = await self.ledger.aprocessed_ref(d.msg_id)
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the
                 # transport paused until the ledger answers (onceq._core.holds).
@@ -304,7 +307,7 @@ class Consumer:
                     return Outcome(HELD, "ledger-unavailable")
                 if not await self.holds.ledger_back():
                     return None
-        if checked.ref is not None:
+        if ref is not None:
             # Before the breaker: a duplicate makes no call, so it can never be the
             # probe (a probe that is never answered would hold the breaker half-open).
             return Outcome(DUPLICATE, fields=decoded.fields)
@@ -372,40 +375,3 @@ class Consumer:
             max_attempts=self.max_attempts,
             policy=self.retry,
         )
-
-    async def _commit_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = await self._pending.get()
-            if first is _STOP:
-                return
-            jobs: list[tuple[Entry, object]] = [first]
-            while len(jobs) < self.max_group and not self._pending.empty():
-                item = self._pending.get_nowait()
-                if item is _STOP:
-                    stopping = True
-                    break
-                jobs.append(item)
-            group = [e for e, _ in jobs]
-            faults.hit("before-commit")
-            # The commit blocks on fsync; a thread keeps the loop receiving meanwhile.
-            # A group of held copies only has nothing to record: no transaction.
-            if any(e.kind is not HELD for e in group):
-                await asyncio.to_thread(self.ledger.commit, group)
-            faults.hit("after-commit-before-settle")  # the window recovery exists for
-            # Settle only now: the records are durable.
-            await self.transport.settle([(e.delivery, e.settle, e.reason) for e in group])
-            # As `_give_back`, inline (a coroutine per copy cost more than the release); a
-            # hard stop cutting this short leaves the leases to `leases.aclose()`.
-            stats, leases, turns, slots = self.stats, self.leases, self._turns, self._slots
-            for e, held in jobs:
-                stats.add(e)
-                if held is not _SLOT:
-                    msg_id = e.delivery.msg_id
-                    assert msg_id is not None  # a turn (and a lease) is taken only for an id
-                    if held is _LEASE and not leases.release_now(msg_id):
-                        await leases.release(msg_id)
-                    turns.give_back(msg_id)
-                slots.release()
-            if self.hooks.settled:  # one check per group
-                self.hooks.emit_settled(group)

@@ -101,6 +101,9 @@ class AmqpTransport(ConsumerControl, Settling):
         self.unsettled = 0  # settles that failed on a dead channel (the broker redelivers)
         self.stopped = asyncio.Event()
         self._buffer = Buffer()
+        # `_on_message` not overridden (a test's hold-back is): deliveries are accepted
+        # in the reader's own call, looked up once here rather than per delivery.
+        self._direct = type(self)._on_message is AmqpTransport._on_message
         self._held = 0  # received (buffered or handed out) and not yet settled
         self._changed = asyncio.Event()  # a delivery, a settle or a stop
         self._tags = itertools.count(1)
@@ -243,7 +246,7 @@ class AmqpTransport(ConsumerControl, Settling):
         async `_on_message` (a test holding deliveries back): then its coroutine.
         """
         self._seen(message)
-        if type(self)._on_message is AmqpTransport._on_message:
+        if self._direct:
             self._accept(Received(message))
             return None
         return self._on_message(Received(message))
@@ -294,15 +297,19 @@ class AmqpTransport(ConsumerControl, Settling):
         self._changed.set()
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
+        buffer = self._buffer
         while True:
-            # Cleared before looking: a delivery, settle or stop after this line wakes
-            # the wait below at once.
-            self._changed.clear()
-            if not self._buffer.empty():
-                item = self._buffer.popleft()
+            if buffer:  # a deque's truth, not a method: once or more a delivery
+                item = buffer.popleft()
                 if item is _END:
                     return
-                if _channel_closed(item.token):
+                token = item.token
+                # A Received's channel read directly (two Python calls less a delivery).
+                if (
+                    token.message.channel.is_closed
+                    if token.__class__ is Received
+                    else _channel_closed(token)
+                ):
                     # Its channel died before we started on it: the broker has already
                     # requeued it and will deliver it again on the new channel.
                     self._held -= 1
@@ -314,6 +321,10 @@ class AmqpTransport(ConsumerControl, Settling):
                     continue
                 yield item
                 continue
+            # Cleared only now, before looking at anything the wait depends on (nothing
+            # can run in between: no await): a delivery, settle or stop after this line
+            # wakes the wait below at once. Not per delivery: the buffer is read first.
+            self._changed.clear()
             if self.until_empty and self._held == 0:
                 try:  # asyncio.timeout keeps a cancel that meets a wake (onceq._core.waits)
                     async with asyncio.timeout(IDLE_PROBE_S):
