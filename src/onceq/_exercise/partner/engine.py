@@ -249,8 +249,6 @@ def make_app(rules: RuleSet, delay: float = 0.0, outage: Outage | None = None) -
         await outage.end(quiet=True)  # nor on hung calls
 
     app.on_shutdown.append(answer_the_held)
-    app["stats"] = stats
-    app["outage"] = outage
     return app
 
 
