@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 import dirq_throughput as dt
+from profile_common import TOOLS, instructions, strace_counts, wrapper
 
 HERE = Path(__file__).resolve().parent
 RUNNERS = {"consume": "ours", "ceiling": "ceiling", "flow": "flow", "flow-sql": "flow_sql"}
@@ -61,36 +61,21 @@ CHILD = (
 )
 
 
-def wrapper(tool: str, out: Path, label: str) -> list[str]:
-    if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out.{label}"]
-    if tool == "py-spy":  # samples of the thread holding the GIL: what serialises the run
-        spy = os.environ.get("PY_SPY", "py-spy")
-        raw = str(out / f"{label}.txt")
-        return [spy, "record", "--gil", "-r", "2000", "-f", "raw", "-o", raw, "--"]
-    if tool == "strace":
-        return ["strace", "-f", "-c", "-o", str(out / f"{label}.strace")]
-    return []
-
-
-def strace_counts(path: Path) -> dict[str, int]:
-    """`strace -c`'s table: calls by syscall name."""
-    counts: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        cols = line.split()
-        if len(cols) >= 5 and cols[0][0].isdigit() and cols[-1] != "total":
-            # % time, seconds, usecs/call, calls, [errors], syscall
-            counts[cols[-1]] = int(cols[3])
-    return counts
-
-
 def run_once(
     side: str, n: int, tool: str, out: Path, work: Path
 ) -> tuple[int | None, float, float]:
     label = f"{side}-{n}"
     runner = RUNNERS[side]
     root = dt.make_queue(work / label, n, dt.SHAPES.get(runner, "order"))
-    cmd = [*wrapper(tool, out, label), sys.executable, "-c", CHILD, str(HERE), runner, str(root)]
+    cmd = [
+        *wrapper(tool, out, label, gil=True),
+        sys.executable,
+        "-c",
+        CHILD,
+        str(HERE),
+        runner,
+        str(root),
+    ]
     cmd += [str(n), *([str(out / f"{label}.prof")] if tool == "cprofile" else [])]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
@@ -106,18 +91,14 @@ def run_once(
     shutil.rmtree(root, ignore_errors=True)
     if tool != "callgrind":
         return None, cpu, wall
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if not found:
-        sys.exit(f"bench: no instruction count in callgrind's output: {done.stderr[-2000:]}")
-    return int(found.group(1)), cpu, wall
+    return instructions(done.stderr), cpu, wall
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("side", choices=sorted(RUNNERS))
     ap.add_argument("--messages", default="5000,1000", help="two counts: more,fewer")
-    tools = ["callgrind", "cprofile", "py-spy", "strace", "none"]
-    ap.add_argument("--tool", choices=tools, default="callgrind")
+    ap.add_argument("--tool", choices=TOOLS, default="callgrind")
     ap.add_argument("--out", default=".", help="where the tool's files go")
     args = ap.parse_args()
     counts = [int(x) for x in args.messages.split(",")]

@@ -29,50 +29,14 @@ nothing unacked, the stub one 201 per claim, the ledger one row per claim.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import mq_common as mc
+from profile_common import TOOLS, run_wrapped
 
 HERE = Path(__file__).resolve().parent
-
-
-def wrapper(tool: str, out: Path, label: str) -> list[str]:
-    if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out.{label}"]
-    if tool == "wrap":  # any command that runs the rest of its arguments (ONCEQ_WRAP)
-        return os.environ["ONCEQ_WRAP"].split()
-    if tool == "py-spy":  # a sampling profiler at full speed (pip install py-spy anywhere)
-        spy = os.environ.get("PY_SPY", "py-spy")
-        return [spy, "record", "-r", "1000", "-f", "raw", "-o", str(out / f"{label}.txt"), "--"]
-    return []
-
-
-def run_wrapped(
-    cmd: list[str], env: dict[str, str], tool: str, out: Path, label: str
-) -> tuple[int | None, float]:
-    """Run `cmd` (a python command line) under the tool: (Ir when callgrind, CPU s)."""
-    python, *rest = cmd
-    prof = ["-m", "cProfile", "-o", str(out / f"{label}.prof")] if tool == "cprofile" else []
-    full = [*wrapper(tool, out, label), python, *prof, *rest]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(full, env=env, capture_output=True, text=True, timeout=1200)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-    print(f"  {label}: CPU user {user:.2f}s system {system:.2f}s", end="")
-    if done.returncode != 0:
-        sys.exit(f"bench: {label} exited {done.returncode}: {done.stderr[-3000:]}")
-    if tool != "callgrind":
-        return None, user + system
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if not found:
-        sys.exit(f"bench: no instruction count in callgrind's output: {done.stderr[-2000:]}")
-    return int(found.group(1)), user + system
 
 
 def consume_once(
@@ -131,8 +95,7 @@ def main() -> int:
     ap.add_argument("side", choices=["own", "preset", "ceiling"])
     ap.add_argument("--messages", default="3000,1000", help="two counts: more,fewer")
     ap.add_argument("--prefetch", type=int, default=50)
-    tools = ["callgrind", "cprofile", "py-spy", "wrap", "none"]
-    ap.add_argument("--tool", choices=tools, default="callgrind")
+    ap.add_argument("--tool", choices=TOOLS, default="callgrind")
     ap.add_argument("--out", default=".", help="where the tool's files go")
     ap.add_argument(
         "--own-line",

@@ -23,54 +23,15 @@ after a publish.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import mq_common as mc
 import nats_common as nc
+from profile_common import TOOLS, run_wrapped
 
 HERE = Path(__file__).resolve().parent
-
-
-def wrapper(tool: str, out: Path, label: str) -> list[str]:
-    if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out.{label}"]
-    if tool == "wrap":  # any command that runs the rest of its arguments (ONCEQ_WRAP)
-        return os.environ["ONCEQ_WRAP"].split()
-    if tool == "py-spy":  # a sampling profiler at full speed (pip install py-spy anywhere)
-        spy = os.environ.get("PY_SPY", "py-spy")
-        return [spy, "record", "-r", "1000", "-f", "raw", "-o", str(out / f"{label}.txt"), "--"]
-    return []
-
-
-def python_args(tool: str, out: Path, label: str) -> list[str]:
-    if tool == "cprofile":
-        return ["-m", "cProfile", "-o", str(out / f"{label}.prof")]
-    return []
-
-
-def run_wrapped(cmd: list[str], tool: str, out: Path, label: str) -> tuple[int | None, float]:
-    """Run `cmd` (a python command line) under the tool: (Ir when callgrind, CPU s)."""
-    python, *rest = cmd
-    full = [*wrapper(tool, out, label), python, *python_args(tool, out, label), *rest]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(full, env=nc.env(), capture_output=True, text=True, timeout=900)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-    print(f"  {label}: CPU user {user:.2f}s system {system:.2f}s", end="")
-    if done.returncode != 0:
-        sys.exit(f"bench: {label} exited {done.returncode}: {done.stderr[-3000:]}")
-    if tool != "callgrind":
-        return None, user + system
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if not found:
-        sys.exit(f"bench: no instruction count in callgrind's output: {done.stderr[-2000:]}")
-    return int(found.group(1)), user + system
 
 
 def consume_once(
@@ -96,7 +57,7 @@ def consume_once(
                    "--durable", s.durable, "--url", f"{claim}/v1/claims", "--id-field",
                    nc.ID_FIELD, "--prefetch", str(prefetch), "--db", str(db),
                    "--until-empty", "--json", "--max-seconds", "600"]  # fmt: skip
-        ir, cpu = run_wrapped(cmd, tool, out, label)
+        ir, cpu = run_wrapped(cmd, nc.env(), tool, out, label, timeout=900)
         if db.exists():
             span = nc.messages_span(db)
             print(f"; {span.commits} commits, {span.group:.1f} messages per commit")
@@ -129,7 +90,7 @@ def publish_once(
             cmd = [sys.executable, "-m", "onceq", "nats", "publish", *paths, "--subject",
                    s.subject, "--id-field", nc.ID_FIELD, "--window", str(window),
                    "--json"]  # fmt: skip
-        ir, cpu = run_wrapped(cmd, tool, out, label)
+        ir, cpu = run_wrapped(cmd, nc.env(), tool, out, label, timeout=900)
         print()
         stored = nc.run(pr._count(s))
         if stored != n:
@@ -144,8 +105,7 @@ def main() -> int:
     ap.add_argument("--messages", default="3000,1000", help="two counts: more,fewer")
     ap.add_argument("--prefetch", type=int, default=50)
     ap.add_argument("--window", type=int, default=256)
-    tools = ["callgrind", "cprofile", "py-spy", "wrap", "none"]
-    ap.add_argument("--tool", choices=tools, default="callgrind")
+    ap.add_argument("--tool", choices=TOOLS, default="callgrind")
     ap.add_argument("--out", default=".", help="where the tool's files go")
     args = ap.parse_args()
     counts = [int(x) for x in args.messages.split(",")]
