@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from onceq._core import early
+from onceq._core.waits import wait
 
 __all__ = ["STOP_SIGNALS", "Stop"]
 
@@ -66,15 +67,10 @@ class Stop:
             fn()
 
     async def sleep(self, seconds: float) -> bool:
-        """Wait `seconds`, or less if a stop comes; True when stopped.
-
-        asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a cancel
-        that lands in the turn the stop wakes it (CPython gh-86296), and answered
-        "stopped" to a task that was cancelled (tests/unit/test_lost_cancel.py)."""
+        """Wait `seconds`, or less if a stop comes; True when stopped. A cancel that
+        meets the stop's wake still cancels (`onceq._core.waits`)."""
         if not self.requested:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await self._wake.wait()
+            await wait(self._wake, seconds)
         return self.requested
 
     def on_signal(self, signum: int) -> None:

@@ -18,8 +18,9 @@ import contextlib
 __all__ = ["wait"]
 
 
-async def wait(event: asyncio.Event, seconds: float | None) -> None:
-    """Until `event` is set or `seconds` pass (None: no limit)."""
+async def wait(event: asyncio.Event, seconds: float | None) -> bool:
+    """Until `event` is set or `seconds` pass (None: no limit); whether it is set."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await event.wait()
+    return event.is_set()

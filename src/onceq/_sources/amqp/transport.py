@@ -42,6 +42,7 @@ from typing import Any
 
 from onceq._core.retry import DEFAULT_DELAYS, delay_label
 from onceq._core.transport import Delivery
+from onceq._core.waits import wait
 from onceq._sources.amqp.channel_watch import ChannelWatch
 from onceq._sources.amqp.control import ConsumerControl
 from onceq._sources.amqp.copy_header import COPY_HEADER
@@ -326,13 +327,9 @@ class AmqpTransport(ConsumerControl, Settling):
             # wakes the wait below at once. Not per delivery: the buffer is read first.
             self._changed.clear()
             if self.until_empty and self._held == 0:
-                try:  # asyncio.timeout keeps a cancel that meets a wake (onceq._core.waits)
-                    async with asyncio.timeout(IDLE_PROBE_S):
-                        await self._changed.wait()
-                except TimeoutError:
-                    if await self._drained():
-                        self.drained = True
-                        return
+                if not await wait(self._changed, IDLE_PROBE_S) and await self._drained():
+                    self.drained = True
+                    return
                 continue
             await self._changed.wait()
 
