@@ -29,7 +29,7 @@ from pathlib import Path
 
 import mq_common as mc
 import nats_common as nc
-from profile_common import TOOLS, run_wrapped
+from profile_common import TOOLS, print_per_message, run_wrapped
 
 HERE = Path(__file__).resolve().parent
 
@@ -122,12 +122,7 @@ def main() -> int:
             irs.append(ir)
             cpus.append(cpu)
             print(f"{args.side} {n}: " + ("done" if ir is None else f"{ir:,} instructions"))
-    if len(counts) == 2:
-        (n1, n0), (c1, c0), (i1, i0) = counts, cpus, irs
-        if args.tool == "none":
-            print(f"{args.side}: {(c1 - c0) / (n1 - n0) * 1e6:,.0f} us CPU per message")
-        if i1 is not None and i0 is not None:
-            print(f"{args.side}: {(i1 - i0) / (n1 - n0):,.0f} instructions per message")
+    print_per_message(args.side, counts, cpus, irs, args.tool)
     return 0
 
 

@@ -80,3 +80,17 @@ def strace_counts(path: Path) -> dict[str, int]:
             # % time, seconds, usecs/call, calls, [errors], syscall
             counts[cols[-1]] = int(cols[3])
     return counts
+
+
+def print_per_message(
+    side: str, counts: list[int], cpus: list[float], irs: list[int | None], tool: str
+) -> None:
+    """What one more message costs: the difference of the two runs over the difference
+    of their counts (start-up and the tool's own set-up cancel out)."""
+    if len(counts) != 2:
+        return
+    (n1, n0), (c1, c0), (i1, i0) = counts, cpus, irs
+    if tool == "none":
+        print(f"{side}: {(c1 - c0) / (n1 - n0) * 1e6:,.0f} us CPU per message")
+    if i1 is not None and i0 is not None:
+        print(f"{side}: {(i1 - i0) / (n1 - n0):,.0f} instructions per message")
