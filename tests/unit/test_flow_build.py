@@ -168,3 +168,18 @@ def test_a_breaker_table_without_a_call_effect_says_how_to_turn_it_on(tmp_path: 
         "flows.inv.breaker.failures: the breaker is off (this flow has no call effect;"
         " add enabled = true)"
     ), line
+
+
+@pytest.mark.parametrize(("line", "calls"), [("", 5), ("concurrency = 50\n", 50)])
+def test_a_flow_files_calls_at_once_are_its_http_concurrency_not_its_prefetch(
+    tmp_path: Path, line: str, calls: int
+) -> None:
+    # docs/deploy.md (Sizing) says so: with prefetch 50 and no http.concurrency a
+    # flow makes 5 calls at once, and the partner sees 5 per host, not 50.
+    f = tmp_path / "flows.toml"
+    f.write_text(
+        'ledger = "l.db"\n[flows.mq]\nsource = "rabbitmq"\nqueue = "q.in"\nprefetch = 50\n'
+        f'id_field = "id"\n[flows.mq.http]\nurl = "{URL}"\n{line}'
+    )
+    (flow,) = load_flows(f).flows
+    assert flow.effect.concurrency == calls
