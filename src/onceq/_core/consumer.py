@@ -53,6 +53,7 @@ from onceq._core.outcome import Decoder, Handler, Outcome, decode_safely, no_eff
 from onceq._core.retry import BreakerPolicy, RetryPolicy
 from onceq._core.stats import COUNTS, Stats
 from onceq._core.transport import (
+    ACK,
     DUPLICATE,
     HELD,
     REJECTED,
@@ -353,6 +354,14 @@ class Consumer:
         self.transport.stop()  # claim nothing more; what is held is settled
 
     def _entry(self, d: Delivery, o: Outcome) -> Entry:
+        if o.kind is SUCCESS:
+            # Nearly every copy: `retry.decide` answers ACK for any SUCCESS, and there
+            # is no attempt to count; its call and the checks below, skipped.
+            d.delay = 0.0
+            return Entry(
+                d, SUCCESS, ACK, o.reason, o.detail, 1, o.fields,
+                max_attempts=self.max_attempts, policy=self.retry,
+            )  # fmt: skip
         attempt = 1
         if o.kind in (REJECTED, TRANSIENT) and d.msg_id is not None:
             try:

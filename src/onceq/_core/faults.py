@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 from onceq.errors import UsageError
 
-__all__ = ["ENGINE_POINTS", "check", "declare", "forget", "hit", "pending", "points"]
+__all__ = ["ARMED", "ENGINE_POINTS", "check", "declare", "forget", "hit", "pending", "points"]
 
 ENV_POINT = "ONCEQ_FAULT"
 ENV_AFTER = "ONCEQ_FAULT_AFTER"
@@ -135,5 +135,7 @@ def _off(point: str) -> None:
     """No point armed: nothing to count, nothing to compare."""
 
 
-# Chosen once: the hot loops call `faults.hit(...)` and pay one empty call when unset.
+# Chosen once: the hot loops call `faults.hit(...)` and pay one empty call when unset;
+# a loop that runs per message may test `ARMED` instead and make no call at all.
 hit = _fire if _POINT is not None else _off
+ARMED = _POINT is not None

@@ -254,7 +254,8 @@ class Worker:
             # the claim read at once: this loop runs once per message, and each call
             # saved here shows in a run's instructions per message (_claim inline:
             # 33.2k -> 32.6k instructions per file for the transport alone).
-            own, max_bytes, held, hit = self._fds["own"], self.max_bytes, self._held, faults.hit
+            own, max_bytes, held = self._fds["own"], self.max_bytes, self._held
+            hit = faults.hit if faults.ARMED else None  # no call per file unless armed
             names = [n for n in os.listdir(inbox) if n[0] != "." and not n.endswith(".tmp")]
             names.sort()  # is_message_name, inline: dotfiles and *.tmp are partial writes
             for name in names:
@@ -275,7 +276,8 @@ class Worker:
                 except OSError as exc:
                     raise self._claim_error(name, exc) from exc
                 held.add(name)
-                hit("after-claim")
+                if hit is not None:
+                    hit("after-claim")
                 claimed = True
                 if self._paused:
                     self._probes -= 1
@@ -333,53 +335,64 @@ class Worker:
     def _move_group(self, group: Sequence[tuple[Delivery, Settle, str]]) -> float:
         """The moves of one group; returns the earliest due time it put in retry/."""
         fds = self._fds
-        own = fds["own"]
+        own, done = fds["own"], fds["done"]
         touched: set[str] = set()
         to_unlink: list[str] = []
         now = time.time()
         earliest = math.inf
-        hit = faults.hit
+        link = os.link
+        acked = False
+        # Per file, the fault point costs a call only when one is armed (a test).
+        hit = faults.hit if faults.ARMED else None
         for d, settle, _reason in group:
-            # ACK (nearly every file) by identity: an enum's hash is a Python-level
-            # call, paid per file by the table lookup.
-            dest = "done" if settle is ACK else DEST[settle]
-            if dest == "retry":
-                # The due time goes on the claimed file BEFORE it has a name in retry/:
-                # no instant shows the file in retry/ without it (it would be due at
-                # once, its old mtime being in the past). A crash before the link
-                # leaves the claim for recovery, which runs it again (early, not lost).
-                due = now + (d.delay if settle is DELAY else 0.0)
-                retry_area.set_due(d.token, own, due)
-                earliest = min(earliest, due)
-                self._retry_fd(create=True)
+            token = d.token
+            # ACK (nearly every file) by identity, with done/'s descriptor at hand: an
+            # enum's hash is a Python-level call, paid per file by a table lookup.
+            if settle is ACK:
+                dest, dst_fd, acked = "done", done, True
+            else:
+                dest = DEST[settle]
+                touched.add(dest)
+                if dest == "retry":
+                    # The due time goes on the claimed file BEFORE it has a name in
+                    # retry/: no instant shows the file in retry/ without it (it would
+                    # be due at once, its old mtime being in the past). A crash before
+                    # the link leaves the claim for recovery, which runs it again
+                    # (early, not lost).
+                    due = now + (d.delay if settle is DELAY else 0.0)
+                    retry_area.set_due(token, own, due)
+                    earliest = min(earliest, due)
+                    self._retry_fd(create=True)
+                dst_fd = fds[dest]
             try:
                 # link(2) first, plain: it is itself the no-clobber check, and it is
                 # the whole move but for a name taken (EEXIST) or a folder (EPERM),
                 # which link_no_clobber sorts out.
-                os.link(d.token, d.ref, src_dir_fd=own, dst_dir_fd=fds[dest], follow_symlinks=False)
-                linked = True
+                link(token, d.ref, src_dir_fd=own, dst_dir_fd=dst_fd, follow_symlinks=False)
+                to_unlink.append(token)
             except (FileExistsError, PermissionError):
                 try:
-                    _, linked = link_no_clobber(
-                        d.token, d.ref, src_dir_fd=own, dst_dir_fd=fds[dest]
-                    )
+                    _, linked = link_no_clobber(token, d.ref, src_dir_fd=own, dst_dir_fd=dst_fd)
                 except OSError as exc:
                     raise move_error(self.queue.folder(dest), d.ref, exc) from exc
+                if linked:  # a folder was renamed whole: no name left to unlink
+                    to_unlink.append(token)
             except OSError as exc:
                 raise move_error(self.queue.folder(dest), d.ref, exc) from exc
-            if linked:
-                to_unlink.append(d.token)
-            touched.add(dest)
             # Linked, not yet fsynced nor unlinked: the file is in two places.
-            hit("after-retry-link" if dest == "retry" else "mid-settle")
+            if hit is not None:
+                hit("after-retry-link" if dest == "retry" else "mid-settle")
+        if acked:
+            touched.add("done")
         # The new names are durable before any old one goes (one fsync per folder
         # per group, not per file): a power cut can leave a file in both places,
         # which recovery finishes like a crash between link and unlink, but never
         # in neither.
         for folder in touched:
             os.fsync(fds[folder])
+        unlink = os.unlink
         for name in to_unlink:
-            os.unlink(name, dir_fd=own)
+            unlink(name, dir_fd=own)
         # Our own folder is not fsynced: an unlink lost to a power cut leaves the
         # same inode in done/ and here, and the next consumer only drops this name
         # (or, for retry/ and inbox/, `takeover.finish_move` does).
