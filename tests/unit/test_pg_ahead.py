@@ -149,3 +149,24 @@ def test_a_large_group_waits_for_its_inserts_answer(pg_url: str, monkeypatch: An
         ledger.commit([success("m4", "r4")])
         assert ledger._net.optimistic
         assert ledger.counts()["processed"] == 5
+
+
+def test_a_group_whose_next_transaction_fails_to_begin_is_still_committed(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """The COMMIT went through and only the statement behind it failed (here: made to
+    fail): the group is done, its verdicts stand, no transaction waits ahead and the
+    next group begins as usual."""
+    with open_ledger(pg_url) as ledger:
+        ledger.commit([success("m0", "r0")])
+        monkeypatch.setattr(reconnect, "NEXT_XID", "SELECT (1/0)::text")
+        group = [success("m1", "r1"), success("m2", "r2")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS]
+        assert ledger._net.ahead.xid is None
+        assert ledger._write.info.transaction_status.name == "IDLE"
+        monkeypatch.undo()
+        group = [success("m3", "r3"), success("m1", "r1-again")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.SUCCESS, Kind.DUPLICATE]
+        assert ledger.counts() == {"processed": 4, "duplicates": 1, "failures": 0, "replays": 0}

@@ -13,7 +13,8 @@ What an open transaction costs while it waits, and why it never waits long:
   session shows `idle in transaction` (a server's `idle_in_transaction_session_timeout`
   would end it). It writes nothing and takes no row lock, no snapshot (READ
   COMMITTED takes one per statement);
-- so it is rolled back after IDLE_S with no group (a thread of the ledger's: `Ahead`),
+- so it is rolled back once it has waited IDLE_S for a group (a thread of the
+  ledger's, `Ahead`, looks every IDLE_S: at most about twice that in all),
   before every operator's write on the writer (`PgLedger._transaction`: it must not
   become a savepoint of this one) and when the ledger closes (the session goes, the
   server rolls it back). A consumer that keeps committing keeps one open at a time,

@@ -52,6 +52,8 @@ ROLLBACK_RETRIES = 20
 # recorded), this many groups wait for it: a burst of redeliveries costs one extra
 # try, not one per group.
 CALM_GROUPS = 16
+# The id of the transaction a COMMIT AND CHAIN began (`Reconnector._end`).
+NEXT_XID = "SELECT pg_current_xact_id()::text"
 
 
 def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None = None) -> bool:
@@ -250,7 +252,7 @@ class Reconnector:
         if not self.want_ahead:
             tail.close()
             return
-        nxt = conn.execute("SELECT pg_current_xact_id()::text")
+        nxt = conn.execute(NEXT_XID)
         try:
             tail.close()
         except psycopg.Error:
