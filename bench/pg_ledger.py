@@ -28,8 +28,9 @@ Beside each mq rate, the CPU per message of the consumer process and of PostgreS
 checkpointer … and the postmaster; /proc/PID/stat): on this machine
 the consumer, the broker, the stub and PostgreSQL share the same cores, so where the
 CPU goes is what the rates come from. And the messages per group commit (the ledger's
-distinct commit stamps): each PostgreSQL commit is two round trips (BEGIN and the
-dedup insert, which returns the transaction's id; then the rest with the COMMIT), and
+distinct commit stamps): each PostgreSQL commit is one round trip (its transaction
+begun with the last COMMIT; two for a session's first group and after a copy already
+recorded: BEGIN and the dedup insert, then the rest with the COMMIT), and
 each claim batch one more (the in-flight guard: releases, claims and the duplicate
 check in one statement), so fewer messages per commit means more of a message's time
 waiting on the server. The round trips themselves are counted from outside the consumer:

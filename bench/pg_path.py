@@ -6,11 +6,12 @@
 The consume loop over the in-memory transport with the claims preset's decoder and
 SQL effect (the `processed` table) and a call effect that answers at once: what is
 left is the ledger's part of a message — on PostgreSQL the in-flight guard's claim
-batches (a round trip each, the duplicate check in it) and the group commits (two
-round trips), on SQLite its lock file and commits. Printed per message: the process's
-CPU (client side only; the event loop and the commit thread), wall time, messages per
-commit, and for PostgreSQL the round trips (the server's TCP segments to the
-process's sessions: `pg_common.flights`) and the server's CPU.
+batches (a round trip each, the duplicate check in it) and the group commits (one
+round trip each, two for the first), on SQLite its lock file and commits. Printed
+per message: the process's CPU (client side only; the event loop and the commit
+thread), wall time, messages per commit, and for PostgreSQL the round trips (the
+server's TCP segments to the process's sessions: `pg_common.flights`) and the
+server's CPU.
 
 For instructions per message run it under callgrind twice with different --messages
 (the difference of the totals over the difference of the counts: start-up cancels):

@@ -153,8 +153,11 @@ def test_interrupt_makes_a_waiting_commit_give_up(pg_url: str, caplog: Any) -> N
         assert again.counts()["processed"] == 0
 
 
+# warm: a group before, so the group under test is sent whole in a transaction begun
+# ahead (`onceq._ledger.pg.ahead`): its id, looked up here, came with that COMMIT.
+@pytest.mark.parametrize("warm", [False, True], ids=["first-group", "begun-ahead"])
 def test_a_lost_commit_answer_is_looked_up_not_written_twice(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, warm: bool
 ) -> None:
     """The COMMIT reached the server, its answer did not: after reconnecting, the
     group is found committed (pg_xact_status) and its verdicts stand: SUCCESS, not
@@ -171,13 +174,20 @@ def test_a_lost_commit_answer_is_looked_up_not_written_twice(
             conn.execute("SELECT 1")  # raises: the session is gone, as the answer was
 
     with open_ledger(pg_url) as ledger:
+        if warm:
+            ledger.commit([success("m0", "z")])
         monkeypatch.setattr(Reconnector, "transaction", lossy)
         fail = Entry(Delivery(b"{}", "f", "m9"), Kind.TRANSIENT, Settle.REQUEUE, "http-503")
         group = [success("m1", "a"), success("m2", "b"), fail]
         ledger.commit(group)
         assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS, Kind.TRANSIENT]
         assert not any(e.recovered for e in group)
-        assert ledger.counts() == {"processed": 2, "duplicates": 0, "failures": 1, "replays": 0}
+        assert ledger.counts() == {
+            "processed": 2 + warm,
+            "duplicates": 0,
+            "failures": 1,
+            "replays": 0,
+        }
         assert ledger.failed_attempts("m9") == 1
 
 
@@ -205,8 +215,9 @@ def test_a_session_lost_inside_the_group_writes_the_group_again(pg_url: str) -> 
         assert ledger.counts()["processed"] == 2
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["first-group", "begun-ahead"])
 def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, warm: bool
 ) -> None:
     """The connection was lost before the COMMIT but the server has not noticed (a cut
     network): the old session still holds the group's transaction, 'in progress'.
@@ -228,6 +239,8 @@ def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
     real = Reconnector.transaction
 
     with open_ledger(pg_url) as ledger:
+        if warm:  # the group under test is sent whole (see the lost COMMIT's test)
+            ledger.commit([success("m0", "z")])
 
         @contextlib.contextmanager
         def cut(self: Reconnector, conn: psycopg.Connection[Any]) -> Iterator[None]:
@@ -256,6 +269,6 @@ def test_a_session_the_server_still_holds_is_ended_and_the_group_written_again(
             t.join()
         assert errors == []
         assert [e.kind for e in group] == [Kind.SUCCESS, Kind.SUCCESS]
-        assert ledger.counts()["processed"] == 2
+        assert ledger.counts()["processed"] == 2 + warm
         with pytest.raises(psycopg.OperationalError):  # the old session was ended
             held[0].execute("SELECT 1")

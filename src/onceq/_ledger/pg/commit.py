@@ -2,8 +2,9 @@
 
 - the transaction, in two round trips (`Reconnector.transaction`): BEGIN and the
   dedup insert, which returns the transaction id too, then the presets' bulk insert
-  queued with the COMMIT, in one pipeline; tried until it goes through
-  (`Reconnector.run_commit`):
+  queued with the COMMIT, in one pipeline; in ONE round trip when the transaction was
+  begun ahead with the last COMMIT (`onceq._ledger.pg.ahead`: its id in hand, the
+  insert is not waited for); tried until it goes through (`Reconnector.run_commit`):
   a lost connection is waited out and the same group written again with the same
   `now`, a COMMIT whose answer was lost is looked up, not repeated; a deadlock with
   another consumer's group is retried;
@@ -37,6 +38,7 @@ from onceq._ledger.pg.rows import (
     pg_build_row,
     record_one_by_one,
     split_won,
+    strict,
     take_xid,
     with_xid,
 )
@@ -52,6 +54,10 @@ _ARM = (
     " INSERT INTO onceq.commit_guard (armed) VALUES (1)"
 )
 _DISARM = "SELECT set_config('onceq.commit_ok', 'yes', true); DELETE FROM onceq.commit_guard"
+# The largest group whose insert goes out without waiting for its answer: a round trip
+# saved is what counts at a small prefetch (small groups); a large group (a directory
+# queue's 256) is likelier to hold a copy already recorded, which costs a second try.
+OPTIMISTIC_MAX = 32
 
 
 def row_fault(exc: BaseException) -> bool:
@@ -115,6 +121,10 @@ class PgCommit(GroupCommit):
     def _group_transaction(self) -> Iterator[Tx]:
         conn = self._write
         self._savepoints = 0
+        # The next group's transaction is begun with this COMMIT (`onceq._ledger.pg.ahead`)
+        # where the group's statements can go out in one pipeline: no function of the
+        # user's runs on this connection (it needs each answer on the way).
+        self._net.want_ahead = self.sql is None or self.sql.function is None
         with self._net.transaction(conn):
             yield _GroupTx(conn, self._net)
 
@@ -133,6 +143,8 @@ class PgCommit(GroupCommit):
             self._savepoints -= 1
 
     def _row_fault(self, exc: BaseException) -> str | None:
+        if self._net.optimistic:
+            return None  # tried again the usual way first (`Reconnector.run_commit`)
         if not row_fault(exc) or is_connection_error(exc, self._write):
             return None
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
@@ -147,11 +159,25 @@ class PgCommit(GroupCommit):
         # The pipeline stays open to the COMMIT unless a function of the user's runs on
         # this connection in between (it needs each answer and the transaction status).
         keep = self.sql is None or self.sql.function is None
-        with self._net.begun(conn, keep=keep) as first:  # BEGIN and this: one round trip
+        net = self._net
+        if keep and net.pre_begun and not self._savepoints and len(group) <= OPTIMISTIC_MAX:
+            if net.calm:
+                net.calm -= 1
+            else:
+                # The transaction's id is in hand already (begun ahead): the insert goes
+                # out with the rest of the group and its COMMIT, one round trip, without
+                # waiting for its answer. It inserts every row or fails (no ON CONFLICT):
+                # a copy already recorded fails the try, which is rolled back whole and
+                # done again the usual way (`Reconnector.run_commit`). Every copy won.
+                net.optimistic = True
+                net.tail(conn)
+                cur.execute(*strict(*insert))
+                return list(group), []
+        with net.begun(conn, keep=keep) as first:  # BEGIN and this: one round trip
             cur.execute(*(with_xid(*insert) if first else insert))
         rows = cur.fetchall()
         if first:  # before anything else is queued: see Reconnector.transaction
-            self._net.note_xid(take_xid(rows))
+            net.note_xid(take_xid(rows))
         return split_won(group, rows)
 
     def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:

@@ -75,7 +75,10 @@ class PgLedger(PgCommit, LedgerOps):
         self.source = source
         self.flow = check_flow_name(flow)
         self.sql = sql
-        self._net = Reconnector(self.path)
+        # The writer is shared by the commit thread and the operators' writes (and the
+        # reaper of a transaction begun ahead: `onceq._ledger.pg.ahead`).
+        self._write_lock = threading.RLock()
+        self._net = Reconnector(self.path, self._write_lock)
         self._write = schema.connect(url, self.path)
         try:
             setup = (sql.setup_postgresql or sql.setup) if sql is not None else None
@@ -84,12 +87,12 @@ class PgLedger(PgCommit, LedgerOps):
         except BaseException:
             self._write.close()
             raise
-        # The writer is shared by the commit thread and the operators' writes.
-        self._write_lock = threading.RLock()
         self._precheck: Precheck | None = None
         self._read_lock = threading.Lock()
 
     def close(self) -> None:
+        # The session's end rolls back a transaction begun ahead; its reaper stops first.
+        self._net.ahead.close()
         self._write.close()
         self._read.close()
 
@@ -258,6 +261,9 @@ class PgLedger(PgCommit, LedgerOps):
         """One transaction on the writer (the operators' writes, LedgerOps). A lost
         connection is LedgerUnavailable (nothing retried: the command reports it)."""
         with self._write_lock:
+            # Not inside the next group's transaction (it would be a savepoint of it,
+            # durable only with that group): rolled back first.
+            self._net.ahead.drop()
             if self._write.closed or self._write.broken:
                 self._write = self._net.reconnect_now(self.url, self._write)
             conn = self._write

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from onceq._ledger.pg import schema
+from onceq._ledger.pg.ahead import Ahead
 from onceq.errors import LedgerError, LedgerUnavailable
 
 if TYPE_CHECKING:
@@ -47,6 +48,12 @@ READ_RETRY_EVERY = 1.0
 # A deadlock or serialization failure between two consumers' groups is retried at once
 # (the other group has gone through); this many times before it is the ledger's error.
 ROLLBACK_RETRIES = 20
+# After a try that did not wait for its insert's answer failed (a copy already
+# recorded), this many groups wait for it: a burst of redeliveries costs one extra
+# try, not one per group.
+CALM_GROUPS = 16
+# The id of the transaction a COMMIT AND CHAIN began (`Reconnector._end`).
+NEXT_XID = "SELECT pg_current_xact_id()::text"
 
 
 def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None = None) -> bool:
@@ -92,7 +99,7 @@ class _StillRunning(Exception):
 class Reconnector:
     """The connection-loss state of one PgLedger (`where` is its redacted URL)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, lock: threading.RLock) -> None:
         self.where = where
         self._interrupted = threading.Event()
         self._lock = threading.Lock()
@@ -102,6 +109,15 @@ class Reconnector:
         self.pid: int | None = None  # and its session's server process
         self._begun = False  # the current group's BEGIN went out (`begun`, `begin`)
         self._tail: contextlib.ExitStack | None = None  # its open pipeline to the COMMIT
+        # The next transaction, begun with this one's COMMIT (`onceq._ledger.pg.ahead`).
+        self.ahead = Ahead(lock)
+        self.want_ahead = False  # begin the next one with this COMMIT (`PgCommit`)
+        self.pre_begun = False  # this transaction was begun ahead: its id was in hand first
+        # This try's dedup insert went out without waiting for its answer
+        # (`PgCommit._insert_rows`): any failure of the try is then tried again the
+        # usual way (`run_commit`), never taken for a row's fault.
+        self.optimistic = False
+        self.calm = 0  # groups left that wait for their insert's answer (CALM_GROUPS)
 
     # --- the two log lines ---------------------------------------------------------
 
@@ -178,6 +194,12 @@ class Reconnector:
           transaction's state at hand first (a savepoint, the SQL effect's functions)
           ends the pipeline before it (`sync`: one round trip more, as before).
 
+        With `want_ahead` the COMMIT is a COMMIT AND CHAIN, which begins the next
+        transaction, and that one's id is asked for behind it (`_end`,
+        `onceq._ledger.pg.ahead`): the next group then starts with its id in
+        hand (`pre_begun`) and can go out whole, its insert not waited for (one round
+        trip; `optimistic`, a failure of which is tried again the usual way).
+
         The COMMIT is never sent before the transaction id is back: a COMMIT whose
         answer is lost is looked up by that id (`run_commit`), so the id must be in
         hand before the COMMIT can be in doubt. (One round trip for the whole group
@@ -190,17 +212,24 @@ class Reconnector:
         each statement was sent alone. Nested conn.transaction() blocks inside are
         savepoints once `begin` has run.
         """
-        self.xid = None
+        self.xid = self.ahead.take(conn)  # begun ahead with the last COMMIT, or None
+        self._begun = self.pre_begun = self.xid is not None
+        self.optimistic = False
         self.pid = conn.info.backend_pid
-        self._begun = False
         self._tail = None
         try:
             yield
             self.begin(conn)  # nothing was written: still one id to look up if in doubt
-            conn.execute("COMMIT")  # with a tail: queued behind its statements
+            if self.want_ahead:
+                # The next transaction begins as this one commits (AND CHAIN: one
+                # statement for COMMIT and BEGIN), its id asked for in the same Sync.
+                self.tail(conn)
+                done = conn.execute("COMMIT AND CHAIN")
+            else:
+                done = conn.execute("COMMIT")  # with a tail: queued behind its statements
             tail, self._tail = self._tail, None
             if tail is not None:
-                tail.close()  # the Sync: one round trip; a failed statement raises here
+                self._end(conn, tail, done)
         except BaseException:
             tail, self._tail = self._tail, None
             if tail is not None:
@@ -214,6 +243,30 @@ class Reconnector:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
             raise
+
+    def _end(
+        self, conn: psycopg.Connection[Any], tail: contextlib.ExitStack, done: psycopg.Cursor[Any]
+    ) -> None:
+        """The tail's Sync (one round trip; a failed statement raises here), with the
+        id of the next transaction (chained to the COMMIT) asked for when `want_ahead`."""
+        if not self.want_ahead:
+            tail.close()
+            return
+        nxt = conn.execute(NEXT_XID)
+        try:
+            tail.close()
+        except psycopg.Error:
+            if conn.closed or conn.broken or done.statusmessage != "COMMIT":
+                raise  # the group's own failure, or a COMMIT in doubt: looked up
+            # The group committed; only the next transaction's start failed: the next
+            # group begins as usual.
+            if conn.info.transaction_status is not psycopg.pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            return
+        row = nxt.fetchone()
+        if row is not None:
+            self.ahead.note(conn, row[0])
 
     @contextlib.contextmanager
     def begun(self, conn: psycopg.Connection[Any], *, keep: bool) -> Iterator[bool]:
@@ -308,7 +361,18 @@ class Reconnector:
                             " connection went through; stopping with its messages unsettled"
                         )
                     in_doubt = None
-                attempt(conn)
+                try:
+                    attempt(conn)
+                except Exception as exc:
+                    if not self.optimistic or is_connection_error(exc, conn):
+                        raise
+                    # The try that did not wait for its insert's answer failed (a copy
+                    # already recorded, a refused row, a deadlock): rolled back whole,
+                    # it is tried again the usual way, which tells them apart.
+                    self.optimistic = False
+                    self.xid = None
+                    self.calm = CALM_GROUPS
+                    continue
                 self._came_back()
                 return
             except psycopg.errors.TransactionRollback as exc:

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 # psycopg's own placeholders, %b (binary), not a translated `?` text: psycopg dumps a
 # list of 256 str in binary at a third of the CPU of the text form (measured: 2.4 µs
 # against 6.3 µs per row, in the commit's thread that holds the GIL against the loop).
-_INSERT_GROUP = (
+_INSERT_STRICT = (  # every row goes in, or it fails: see `strict`
     "INSERT INTO messages (processed_at, flow, source, msg_id, grp, seq, kept,"
     " partner_duplicate, ref)"
     " SELECT %b::text, %b::text, %b::text, m, g, s, k, d, r"
     " FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::text[], %b::int[], %b::text[])"
     " AS u(m, g, s, k, d, r)"
-    " ON CONFLICT (flow, msg_id) DO NOTHING RETURNING msg_id, ref"
 )
+_INSERT_GROUP = _INSERT_STRICT + " ON CONFLICT (flow, msg_id) DO NOTHING RETURNING msg_id, ref"
 
 # The group's first statement also returns its transaction's id (a row whose msg_id is
 # NULL, which no messages row has): a statement fewer than a SELECT of its own, in the
@@ -145,6 +145,15 @@ def with_xid(sql: str, args: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
     """`group_insert`'s statement as the transaction's first: it returns the id too."""
     assert sql is _INSERT_GROUP
     return _INSERT_GROUP_XID, args
+
+
+def strict(sql: str, args: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """`group_insert`'s statement without ON CONFLICT and with nothing to return: all
+    its rows go in, or it fails (a copy already recorded is a unique violation). The
+    statement of a group whose answer is not waited for
+    (`onceq._ledger.pg.commit.PgCommit._insert_rows`)."""
+    assert sql is _INSERT_GROUP
+    return _INSERT_STRICT, args
 
 
 def take_xid(rows: list[Any]) -> str | None:
