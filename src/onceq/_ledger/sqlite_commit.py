@@ -4,7 +4,9 @@
   a local file has no connection to wait for;
 - a savepoint is SAVEPOINT/ROLLBACK TO/RELEASE; a statement that breaks a constraint
   is undone alone and the transaction stays (SQLite's ON CONFLICT ABORT), so the dedup
-  insert goes row by row in place (`onceq._ledger.rows.record_successes`);
+  insert is first tried plain (`_insert_new`: every row new, the usual case), and only a
+  chunk it refuses goes through `onceq._ledger.rows.record_successes` (RETURNING, then
+  row by row in place);
 - one row's fault is a value that could not be bound (`is_data_error`), raised as it
   is or as the cause of the LedgerError the transaction made of it;
 - the SQL effect's functions run under an authorizer that denies BEGIN, COMMIT and
@@ -15,8 +17,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceq._core.effect import SqlEffect
@@ -24,7 +27,7 @@ from onceq._core.entry import Entry
 from onceq._core.transport import SUCCESS
 from onceq._core.values import is_data_error
 from onceq._ledger.commit import GroupCommit
-from onceq._ledger.rows import Tx, build_row, record_successes
+from onceq._ledger.rows import Tx, build_row, chunks, record_successes
 from onceq._ledger.sql_step import undo_row
 from onceq.errors import LedgerError
 
@@ -131,7 +134,39 @@ class SqliteCommit(GroupCommit):
         return f"{type(exc).__name__}: {str(exc)[:120]}"
 
     def _insert_rows(self, tx: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
-        return record_successes(tx, group)
+        """The group's `messages` rows: a plain multi-row INSERT per chunk; a chunk it
+        refuses goes through `record_successes` (RETURNING tells who won).
+
+        Why not RETURNING at once: the commit runs in a thread beside the loop, and the
+        sqlite3 module lets go of the GIL around every step of a statement, one step per
+        row RETURNING hands back. The loop takes the GIL at each, and this thread then
+        waits for it back: two thread hand-offs per message (futex, context switches)
+        where a plain INSERT makes one per chunk. A plain INSERT that meets a row already
+        there (a duplicate, a second copy in the chunk) or any other constraint fails
+        as a whole and is undone alone, the transaction kept (SQLite's ON CONFLICT
+        ABORT): that chunk then goes the way it always went, so every verdict is the
+        same as before.
+        """
+        won: list[Entry] = []
+        lost: list[Entry] = []
+        if not group:
+            return won, lost
+        conn = self._write
+        # A group of up to EXACT_ROWS rows in one statement of its own size (at most
+        # EXACT_ROWS texts, each prepared once and kept by the connection's cache of 128);
+        # a larger one in `chunks`. Each statement is one more hand-off of the GIL.
+        for chunk in (group,) if len(group) <= EXACT_ROWS else chunks(group):
+            try:
+                conn.execute(_insert_new(len(chunk)), _new_args(chunk))
+            except sqlite3.Error:
+                if not conn.in_transaction:
+                    raise  # the transaction is gone: the group fails as one
+                w, lo = record_successes(tx, list(chunk))
+                won += w
+                lost += lo
+                continue
+            won += chunk
+        return won, lost
 
     def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
         """One statement for the whole group; row by row only when refused."""
@@ -224,6 +259,33 @@ class SqliteCommit(GroupCommit):
         conn.execute("ROLLBACK TO onceq_effect")
         conn.execute("RELEASE onceq_effect")
         return raised
+
+
+# Groups up to this size are inserted in one statement (`SqliteCommit._insert_rows`):
+# a broker flow's groups are at most its prefetch (the default 5 to 50).
+EXACT_ROWS = 64
+
+
+@functools.cache
+def _insert_new(rows: int) -> str:
+    """`onceq._ledger.rows._insert_many` without ON CONFLICT and RETURNING: one text per
+    size (up to EXACT_ROWS, then `chunks`), its columns and parameters in the same order."""
+    row = "(?1,?2,?3,?,?,?,?,?,?)"
+    return (
+        "INSERT INTO messages (processed_at, flow, source, msg_id, grp, seq, kept,"
+        f" partner_duplicate, ref) VALUES {','.join([row] * rows)}"
+    )
+
+
+def _new_args(chunk: Sequence[Entry]) -> list[Any]:
+    # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
+    # processed_at, flow and source are the group's, bound once.
+    r = chunk[0].row
+    args: list[Any] = [r[6], r[0], r[7]]
+    for e in chunk:
+        r = e.row
+        args += (r[1], r[2], r[3], r[4], r[5], r[8])
+    return args
 
 
 def _bulk_row_fault(exc: BaseException) -> bool:
