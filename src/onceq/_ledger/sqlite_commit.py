@@ -27,7 +27,7 @@ from onceq._core.entry import Entry
 from onceq._core.transport import SUCCESS
 from onceq._core.values import is_data_error
 from onceq._ledger.commit import GroupCommit
-from onceq._ledger.rows import Tx, build_row, chunks, record_successes
+from onceq._ledger.rows import Tx, build_row, record_successes
 from onceq._ledger.sql_step import undo_row
 from onceq.errors import LedgerError
 
@@ -134,43 +134,34 @@ class SqliteCommit(GroupCommit):
         return f"{type(exc).__name__}: {str(exc)[:120]}"
 
     def _insert_rows(self, tx: Tx, group: list[Entry]) -> tuple[list[Entry], list[Entry]]:
-        """The group's `messages` rows: a plain multi-row INSERT per chunk; a chunk it
-        refuses goes through `record_successes` (RETURNING tells who won).
+        """The group's `messages` rows: one plain multi-row INSERT; a group it refuses
+        goes through `record_successes` (RETURNING tells who won).
 
         Why not RETURNING at once: the commit runs in a thread beside the loop, and the
         sqlite3 module lets go of the GIL around every step of a statement, one step per
         row RETURNING hands back. The loop takes the GIL at each, and this thread then
         waits for it back: two thread hand-offs per message (futex, context switches)
-        where a plain INSERT makes one per chunk. A plain INSERT that meets a row already
-        there (a duplicate, a second copy in the chunk) or any other constraint fails
+        where a plain INSERT makes one per group. A plain INSERT that meets a row already
+        there (a duplicate, a second copy in the group) or any other constraint fails
         as a whole and is undone alone, the transaction kept (SQLite's ON CONFLICT
-        ABORT): that chunk then goes the way it always went, so every verdict is the
+        ABORT): that group then goes the way it always went, so every verdict is the
         same as before.
         """
-        won: list[Entry] = []
-        lost: list[Entry] = []
-        if not group:
-            return won, lost
-        if self.sql is not None:
-            # With a SQL effect the plain INSERT measured 128k -> 140k instructions per
-            # file (dirq_profile flow-sql): not taken there until that is understood.
+        if not group or self.sql is not None or len(group) > EXACT_ROWS:
+            # Measured slower there (callgrind, dirq_profile): with a SQL effect 128k ->
+            # 140k instructions per file, and the directory queue's groups of up to 256
+            # 112k -> 122k; not taken there until that is understood.
             return record_successes(tx, group)
         conn = self._write
-        # A group of up to EXACT_ROWS rows in one statement of its own size (at most
-        # EXACT_ROWS texts, each prepared once and kept by the connection's cache of 128);
-        # a larger one in `chunks`. Each statement is one more hand-off of the GIL.
-        for chunk in (group,) if len(group) <= EXACT_ROWS else chunks(group):
-            try:
-                conn.execute(_insert_new(len(chunk)), _new_args(chunk))
-            except sqlite3.Error:
-                if not conn.in_transaction:
-                    raise  # the transaction is gone: the group fails as one
-                w, lo = record_successes(tx, list(chunk))
-                won += w
-                lost += lo
-                continue
-            won += chunk
-        return won, lost
+        try:
+            # One text per group size (at most EXACT_ROWS, each prepared once and kept by
+            # the connection's statement cache of 128).
+            conn.execute(_insert_new(len(group)), _new_args(group))
+        except sqlite3.Error:
+            if not conn.in_transaction:
+                raise  # the transaction is gone: the group fails as one
+            return record_successes(tx, group)
+        return list(group), []
 
     def _run_bulk(self, tx: Tx, sql: SqlEffect, won: list[Entry]) -> None:
         """One statement for the whole group; row by row only when refused."""
@@ -265,7 +256,7 @@ class SqliteCommit(GroupCommit):
         return raised
 
 
-# Groups up to this size are inserted in one statement (`SqliteCommit._insert_rows`):
+# Groups up to this size are inserted by one plain statement (`SqliteCommit._insert_rows`):
 # a broker flow's groups are at most its prefetch (the default 5 to 50).
 EXACT_ROWS = 64
 
@@ -273,7 +264,7 @@ EXACT_ROWS = 64
 @functools.cache
 def _insert_new(rows: int) -> str:
     """`onceq._ledger.rows._insert_many` without ON CONFLICT and RETURNING: one text per
-    size (up to EXACT_ROWS, then `chunks`), its columns and parameters in the same order."""
+    size (up to EXACT_ROWS), its columns and parameters in the same order."""
     row = "(?1,?2,?3,?,?,?,?,?,?)"
     return (
         "INSERT INTO messages (processed_at, flow, source, msg_id, grp, seq, kept,"
