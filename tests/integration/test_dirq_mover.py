@@ -133,3 +133,28 @@ def test_a_file_stays_claimed_until_its_own_move_is_done(tmp_path: Path) -> None
             assert [x async for x in it] == []  # nothing held: the iteration ends
 
     asyncio.run(main())
+
+
+def test_close_leaves_its_empty_folder_to_a_recovery_that_removed_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between our lock file's unlink and our rmdir, another consumer's recovery may take
+    the lockless folder for a stray one and remove it (takeover._take_over): close()
+    must not fail on it (seen once in CI as a worker's FileNotFoundError, exit 1)."""
+    import os
+
+    from onceq._sources.dirq import worker as worker_mod
+
+    q = _queue(tmp_path, 0)
+    w = Worker(q).open()
+    real_unlink = os.unlink
+
+    def unlink_then_another_removes(path: Any, *args: Any, **kwargs: Any) -> None:
+        real_unlink(path, *args, **kwargs)
+        if str(path).endswith("/.lock") and Path(path).parent == w.dir:
+            os.rmdir(w.dir)  # what the other consumer's recovery does
+
+    monkeypatch.setattr(worker_mod.os, "unlink", unlink_then_another_removes)
+    w.close()
+    monkeypatch.undo()
+    assert not w.dir.exists()

@@ -145,7 +145,11 @@ class Worker:
         leftover = [n for n in os.listdir(self.dir) if n != LOCK]
         if not leftover:
             os.unlink(self.dir / LOCK)
-            os.rmdir(self.dir)
+            # From here another consumer's recovery may find our folder without its
+            # lock file, take it for a stray one and remove it (empty: nothing to take),
+            # before we do: gone is what we want either way.
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(self.dir)
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
