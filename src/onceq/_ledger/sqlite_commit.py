@@ -4,8 +4,9 @@
   a local file has no connection to wait for;
 - a savepoint is SAVEPOINT/ROLLBACK TO/RELEASE; a statement that breaks a constraint
   is undone alone and the transaction stays (SQLite's ON CONFLICT ABORT), so the dedup
-  insert is first tried plain (`_insert_new`: every row new, the usual case), and only a
-  chunk it refuses goes through `onceq._ledger.rows.record_successes` (RETURNING, then
+  insert of a group of up to EXACT_ROWS rows without a SQL effect is first tried plain
+  (`_insert_new`: every row new, the usual case); a group it refuses, a larger one and
+  a SQL-effect flow's go through `onceq._ledger.rows.record_successes` (RETURNING, then
   row by row in place);
 - one row's fault is a value that could not be bound (`is_data_error`), raised as it
   is or as the cause of the LedgerError the transaction made of it;
@@ -272,12 +273,12 @@ def _insert_new(rows: int) -> str:
     )
 
 
-def _new_args(chunk: Sequence[Entry]) -> list[Any]:
+def _new_args(group: Sequence[Entry]) -> list[Any]:
     # e.row: (flow, msg_id, grp, seq, kept, partner_duplicate, at, source, ref);
     # processed_at, flow and source are the group's, bound once.
-    r = chunk[0].row
+    r = group[0].row
     args: list[Any] = [r[6], r[0], r[7]]
-    for e in chunk:
+    for e in group:
         r = e.row
         args += (r[1], r[2], r[3], r[4], r[5], r[8])
     return args
