@@ -305,7 +305,7 @@ class PgGuard:
             cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
             if self.lookup:  # after the claim, never inside it: see LOOKUP_SQL
                 look = conn.cursor()
-                await look.execute(LOOKUP_SQL, (ids, self.flow), binary=True)
+                await look.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
         refused = {r[0] for r in await cur.fetchall()}
         return refused, None if look is None else dict(await look.fetchall())
 
