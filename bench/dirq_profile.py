@@ -21,7 +21,9 @@ if not on PATH) leaves <side>-<n>.txt, py-spy's raw samples of the thread holdin
 GIL (what serialises the run's threads); strace leaves <side>-<n>.strace
 (`strace -f -c`: syscalls by name, and the per-file difference of each is printed);
 each prints CPU and wall-clock microseconds per file beside (the wall clock of the
-run alone, timed in the child; under a tool it is the tool's). Every run is checked as
+run alone, timed in the child; under a tool it is the tool's); --tool none also
+splits the CPU into user and system time and counts the voluntary context switches
+per file (a thread that waited: for the GIL, a lock, the disk). Every run is checked as
 the throughput bench checks it: every file handled and in done/.
 """
 
@@ -61,6 +63,11 @@ CHILD = (
 )
 
 
+# (user s, system s, voluntary context switches) of each run, in order: beside the
+# CPU, where it goes (the kernel's share, and how often a thread waited for another).
+SPLIT: list[tuple[float, float, int]] = []
+
+
 def run_once(
     side: str, n: int, tool: str, out: Path, work: Path
 ) -> tuple[int | None, float, float]:
@@ -80,7 +87,9 @@ def run_once(
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    cpu = user + system
+    SPLIT.append((user, system, after.ru_nvcsw - before.ru_nvcsw))
     if done.returncode != 0:
         sys.exit(f"bench: {label} exited {done.returncode}: {done.stderr[-3000:]}")
     wall = float(done.stdout.split("@@wall ")[1].split()[0])  # the run alone, in the child
@@ -117,6 +126,13 @@ def main() -> int:
     (n1, n0), (c1, c0), (i1, i0), (w1, w0) = counts, cpus, irs, walls
     print(f"{args.side}: {(c1 - c0) / (n1 - n0) * 1e6:,.1f} us CPU per file", end="")
     print(f", {(w1 - w0) / (n1 - n0) * 1e6:,.1f} us wall per file (the run alone)")
+    if args.tool == "none" and len(SPLIT) == 2:  # (under a tool, its own CPU would count)
+        (u1, s1, v1), (u0, s0, v0) = SPLIT
+        print(
+            f"{args.side}: {(u1 - u0) / (n1 - n0) * 1e6:,.1f} us user"
+            f" + {(s1 - s0) / (n1 - n0) * 1e6:,.1f} us system per file,"
+            f" {(v1 - v0) / (n1 - n0):.2f} voluntary context switches per file"
+        )
     if i1 is not None and i0 is not None:
         print(f"{args.side}: {(i1 - i0) / (n1 - n0):,.0f} instructions per file")
     if args.tool == "strace":
