@@ -82,7 +82,6 @@ def test_the_guards_function_probes_each_id(pg_url: str) -> None:
         conn.execute("SET auto_explain.log_min_duration = 0")
         conn.execute("SET auto_explain.log_nested_statements = on")
         conn.execute("SET client_min_messages = log")
-        conn.execute("SELECT pg_advisory_unlock_all()")
         rows = conn.execute(
             guard_session.CLAIM_FN_CALL.replace("%b", "%s"), (FLOW, [], ["a", "b"])
         ).fetchall()
