@@ -170,3 +170,35 @@ def test_a_group_whose_next_transaction_fails_to_begin_is_still_committed(
         ledger.commit(group)
         assert [e.kind for e in group] == [Kind.SUCCESS, Kind.DUPLICATE]
         assert ledger.counts() == {"processed": 4, "duplicates": 1, "failures": 0, "replays": 0}
+
+
+def test_a_copy_already_recorded_whose_error_is_back_before_the_commit_is_queued(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """psycopg reads the answers already back whenever a statement is queued in a
+    pipeline, so the optimistic insert's error can be raised by a statement queued
+    after it (the COMMIT, or the next transaction's id behind it) instead of at the
+    Sync. Here it is made to be back first (the server is given time to answer before
+    the id is queued): the pipeline is still ended and the transaction rolled back, and
+    the group is tried again the usual way, a duplicate, not the ledger's error
+    ("current transaction is aborted")."""
+    with open_ledger(pg_url) as ledger:
+        ledger.commit([success("m1", "r1")])
+        assert ledger._net.ahead.xid is not None  # the next group goes out whole
+        end = reconnect.Reconnector._end
+
+        def late_end(self: Any, conn: Any, tail: Any, done: Any) -> None:
+            conn.pgconn.flush()  # what is queued reaches the server, its error comes back
+            time.sleep(0.2)
+            end(self, conn, tail, done)
+
+        monkeypatch.setattr(reconnect.Reconnector, "_end", late_end)
+        group = [success("m1", "r1-again")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.DUPLICATE]
+        assert ledger._write.info.transaction_status.name in ("IDLE", "INTRANS")
+        monkeypatch.undo()
+        group = [success("m2", "r2")]
+        ledger.commit(group)
+        assert [e.kind for e in group] == [Kind.SUCCESS]
+        assert ledger.counts() == {"processed": 2, "duplicates": 1, "failures": 0, "replays": 0}

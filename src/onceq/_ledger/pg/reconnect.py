@@ -227,9 +227,13 @@ class Reconnector:
                 done = conn.execute("COMMIT AND CHAIN")
             else:
                 done = conn.execute("COMMIT")  # with a tail: queued behind its statements
-            tail, self._tail = self._tail, None
-            if tail is not None:
-                self._end(conn, tail, done)
+            if self._tail is not None:
+                # Still the transaction's while `_end` runs: psycopg raises an error
+                # already back (the insert not waited for) at ANY statement queued in
+                # the pipeline, the id's behind the COMMIT too, and then the pipeline
+                # must still be ended below before the ROLLBACK.
+                self._end(conn, self._tail, done)
+                self._tail = None
         except BaseException:
             tail, self._tail = self._tail, None
             if tail is not None:
