@@ -44,6 +44,7 @@ import psycopg
 
 from onceq._core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq._core.redact import redact_url
+from onceq._ledger.pg import schema
 from onceq._ledger.pg.guard_session import (
     CLAIM_FN_CALL,
     CLAIM_SQL,
@@ -298,14 +299,21 @@ class PgGuard:
                     found[id_] = ref
             return refused, found
         look = None
-        async with conn.pipeline():
-            if releases:
-                # First: a lock freed here may be what a claim below wants.
-                await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
-            cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
-            if self.lookup:  # after the claim, never inside it: see LOOKUP_SQL
-                look = conn.cursor()
-                await look.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
+        try:
+            async with conn.pipeline():
+                if releases:
+                    # First: a lock freed here may be what a claim below wants.
+                    await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
+                cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
+                if self.lookup:  # after the claim, never inside it: see LOOKUP_SQL
+                    look = conn.cursor()
+                    await look.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
+        except BaseException:
+            # A statement skipped after a failed one (short of locks: the session is
+            # kept) may have been a preparation psycopg counts as done.
+            if not conn.closed and not schema.forget_prepared(conn):
+                await conn.close()
+            raise
         refused = {r[0] for r in await cur.fetchall()}
         return refused, None if look is None else dict(await look.fetchall())
 

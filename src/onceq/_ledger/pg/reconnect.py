@@ -82,12 +82,15 @@ def pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
     raised "cannot exit pipeline mode while busy" on a connection that was neither
     closed nor broken, so it was not seen as lost and the group failed instead of
     being written again. Closed, it is lost (`is_connection_error`): reconnected, and
-    a COMMIT that may have gone out is looked up, as for any other loss."""
+    a COMMIT that may have gone out is looked up, as for any other loss. A pipeline
+    that failed otherwise may have skipped a statement's preparation
+    (`schema.forget_prepared`)."""
     try:
         with conn.pipeline():
             yield
-    except psycopg.Error:
-        if conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+    except BaseException:
+        stuck = conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF
+        if stuck or not (conn.closed or schema.forget_prepared(conn)):
             conn.close()
         raise
 
