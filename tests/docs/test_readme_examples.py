@@ -14,6 +14,7 @@ examples read `$DATABASE_URL`: a database of the test's own, its URL with a pass
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -70,8 +71,38 @@ def _as_run(ex: Example, ports: dict[str, int], replace: dict[str, str] | None =
 def _report(ex: Example, cmd: str, why: str, out: str = "", err: str = "") -> str:
     return (
         f"{ex.where()}: `{ex.line}` {why}\n  ran: {cmd}\n"
-        f"  stdout: {out[-2000:]!r}\n  stderr: {err[-2000:]!r}"
+        f"  stdout: {out[-2000:]!r}\n  stderr: {err[-8000:]!r}"
     )
+
+
+def _run_line(ex: Example, cmd: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One line, in a process group of its own. One that does not end in time is
+    sent SIGABRT first: Python's faulthandler (PYTHONFAULTHANDLER) prints where each of
+    its threads was, which the report then shows (a hang seen once in CI left nothing)."""
+    proc = subprocess.Popen(
+        # -e: in `a; b` a failing `a` is the line's failure, not hidden by `b`.
+        ["bash", "-e", "-o", "pipefail", "-c", cmd],
+        cwd=cwd,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=LINE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(no answer to SIGABRT)"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(_report(ex, cmd, f"did not end within {LINE_TIMEOUT_S:.0f}s", out, err))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _start_background(ex: Example, cmd: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -135,18 +166,7 @@ def run_examples(
                 ran.append((ex, ""))
                 continue
             started = time.monotonic()
-            try:
-                done = subprocess.run(
-                    # -e: in `a; b` a failing `a` is the line's failure, not hidden by `b`.
-                    ["bash", "-e", "-o", "pipefail", "-c", cmd],
-                    cwd=cwd,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=LINE_TIMEOUT_S,
-                )
-            except subprocess.TimeoutExpired:
-                pytest.fail(_report(ex, cmd, f"did not end within {LINE_TIMEOUT_S:.0f}s"))
+            done = _run_line(ex, cmd, cwd, env)
             if done.returncode != ex.expect:
                 pytest.fail(
                     _report(
