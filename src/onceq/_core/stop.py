@@ -46,6 +46,7 @@ class Stop:
         self._wake = asyncio.Event()
         self._on_stop: list[Callable[[], None]] = []
         self._stopped: list[Callable[[], bool]] = []
+        self._echo: set[int] = set()  # early's signals whose copy may still be in the pipe
 
     def add(self, on_stop: Callable[[], None], stopped: Callable[[], bool] | None = None) -> None:
         """Call `on_stop` at the stop (at once if it already came)."""
@@ -74,6 +75,9 @@ class Stop:
         return self.requested
 
     def on_signal(self, signum: int) -> None:
+        if signum in self._echo:
+            self._echo.discard(signum)
+            return
         if self.second == "abort":  # mq consume: any stop already under way makes it second
             second = self.requested or any(check() for check in self._stopped)
         else:  # a deadline's stop is not a signal: only a signal before this one counts
@@ -106,8 +110,20 @@ class Stop:
         # A signal that came before this loop (while the command loaded its flows,
         # bound its port, started asyncio: onceq._core.early kept it) stops the run now, as
         # if it had come on the first turn of the loop.
-        for early_signal in early.take():
+        taken = early.take()
+        for early_signal in taken:
             self.on_signal(early_signal)
+        if taken:
+            # One signal can be counted twice here: one that came between the loop
+            # setting its wakeup fd (the first add_signal_handler) and replacing
+            # early's handler was both kept by early and written to the loop's pipe,
+            # and the pipe's copy, read on the loop's next turn, would be taken for a
+            # second signal (the process ended by SIGTERM's default action instead of
+            # stopping cleanly). The pipe is read on the loop's next turn and its
+            # handler runs on the turn after; until the third turn a copy is dropped,
+            # and a later signal counts as usual.
+            self._echo = set(taken)
+            loop.call_soon(loop.call_soon, loop.call_soon, self._echo.clear)
         try:
             yield self
         finally:
