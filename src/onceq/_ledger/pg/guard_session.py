@@ -47,8 +47,9 @@ CLAIM_SQL = (
     "SELECT k FROM unnest(%s::text[]) AS k"
     " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
 )
-# The duplicate check of a claim batch: `PgLedger.processed_refs`'s query, schema
-# qualified (this session keeps the default search_path). Why it is correct:
+# The duplicate check: of a claim batch, and `PgLedger.processed_refs`'s (one text for
+# both, schema qualified: this session keeps the default search_path). In a claim
+# batch, why it is correct:
 # - it is a SEPARATE statement after CLAIM_SQL in the pipeline, never a subquery of
 #   it: a statement's snapshot is taken when the statement starts, so a read inside
 #   the claim statement would use a snapshot older than its own lock, and miss a twin
@@ -65,8 +66,8 @@ CLAIM_SQL = (
 #   prepared statement, a function's cached plan) while the ledger is young and its
 #   statistics say it is empty, reads every row of the flow (bitmap scan on flow,
 #   hash join) on every tick for as long as the session lives: 0.70 ms a tick at 3,000
-#   rows in bench/pg_ledger.py, growing with the ledger (`PgLedger`'s own lookup,
-#   `_PROCESSED_REFS`, is written this way for the same reason).
+#   rows in bench/pg_ledger.py, growing with the ledger (as `msg_id = ANY(array)` did
+#   in `PgLedger.processed_refs`: 47 ms for 256 ids at 10k rows; this is 0.3 ms).
 LOOKUP_SQL = (
     "SELECT id, found FROM (SELECT u.id, (SELECT coalesce(m.ref, '') FROM onceq.messages AS m"
     " WHERE m.flow = %s AND m.msg_id = u.id) AS found FROM unnest(%s::text[]) AS u(id)) AS x"

@@ -30,6 +30,7 @@ from onceq._ledger.ops import LedgerOps
 from onceq._ledger.pg import schema
 from onceq._ledger.pg.commit import PgCommit
 from onceq._ledger.pg.guard import PgGuard
+from onceq._ledger.pg.guard_session import LOOKUP_SQL
 from onceq._ledger.pg.precheck import Precheck
 from onceq._ledger.pg.reconnect import Reconnector, is_connection_error
 from onceq._ledger.pg.sql import PgTx, translate
@@ -38,16 +39,6 @@ from onceq._ledger.sqlite import DEFAULT_FLOW, check_flow_name
 from onceq.errors import LedgerError, LedgerUnavailable
 
 T = TypeVar("T")
-
-# One primary-key lookup per id, whatever the planner believes: a scalar subquery is
-# never flattened into a join. (`msg_id = ANY(array)` on a young table, whose
-# statistics still say it is empty, was planned as a scan of the whole flow: 47 ms for
-# 256 ids at 10k rows, growing with the table; this is 0.3 ms.)
-_PROCESSED_REFS = (
-    "SELECT id, found FROM (SELECT u.id, (SELECT coalesce(m.ref, '') FROM messages AS m"
-    " WHERE m.flow = %b AND m.msg_id = u.id) AS found FROM unnest(%b::text[]) AS u(id)) AS x"
-    " WHERE found IS NOT NULL"
-)
 
 
 class PgLedger(PgCommit, LedgerOps):
@@ -163,7 +154,9 @@ class PgLedger(PgCommit, LedgerOps):
 
         def run(conn: psycopg.Connection[Any]) -> dict[str, str]:
             cur = conn.cursor()
-            cur.execute(_PROCESSED_REFS, (self.flow, ids))
+            # The guard's lookup, the same text: one primary-key probe per id
+            # (guard_session.LOOKUP_SQL says why never a join).
+            cur.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
             return dict(cur.fetchall())
 
         return self._read_op(run)
