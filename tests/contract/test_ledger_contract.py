@@ -627,7 +627,7 @@ def test_random_groups_give_the_same_outcomes_on_both_kinds(tmp_path: Any, pg_ur
     @settings(max_examples=40, deadline=None)
     @given(st.lists(_step, min_size=1, max_size=6))
     # Found by this test: a lookup prepared in the pipeline of a group sent whole, whose
-    # insert met a copy already recorded (`onceq._ledger.pg.schema.forget_prepared`).
+    # insert met a copy already recorded (`onceq._ledger.pg.pipeline.forget_prepared`).
     @example(steps=_PREPARED_IN_A_FAILED_PIPELINE)
     def check(steps: list[Any]) -> None:
         flow = f"f{next(examples)}"

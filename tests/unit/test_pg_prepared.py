@@ -1,4 +1,4 @@
-"""A statement psycopg prepares inside a pipeline that fails (`schema.forget_prepared`).
+"""A statement psycopg prepares inside a pipeline that fails (`onceq._ledger.pg.pipeline`).
 
 psycopg prepares a text on its sixth run and counts it as prepared once the Parse is
 queued. In a pipeline, a statement that fails before it makes the server skip that
@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from onceq._ledger.pg import guard as pg_guard
-from onceq._ledger.pg import reconnect, schema
+from onceq._ledger.pg.pipeline import forget_prepared, pipeline
 from onceq._ledger.target import open_ledger
 
 pytestmark = pytest.mark.pg
@@ -35,7 +35,7 @@ def _runs_before_preparing(conn: psycopg.Connection[Any]) -> None:
 def test_a_text_first_prepared_in_a_failed_pipeline_still_runs_afterwards(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         _runs_before_preparing(conn)
-        with pytest.raises(psycopg.errors.DivisionByZero), reconnect.pipeline(conn):
+        with pytest.raises(psycopg.errors.DivisionByZero), pipeline(conn):
             conn.execute("SELECT 1/0")
             conn.execute(TEXT, (41,))  # its Parse is skipped by the server
         assert not conn.closed  # a refusal, not a loss: the session is kept
@@ -53,7 +53,7 @@ def test_psycopg_still_needs_the_reset(pg_url: str) -> None:
             conn.execute(TEXT, (41,))
         with pytest.raises(psycopg.errors.InvalidSqlStatementName):
             conn.execute(TEXT, (41,))
-        assert schema.forget_prepared(conn)
+        assert forget_prepared(conn)
         assert conn.execute(TEXT, (41,)).fetchone() == (42,)
 
 

@@ -44,7 +44,6 @@ import psycopg
 
 from onceq._core.inflight import POLL_FIRST_S, POLL_MAX_S, Checked
 from onceq._core.redact import redact_url
-from onceq._ledger.pg import schema
 from onceq._ledger.pg.guard_session import (
     CLAIM_FN_CALL,
     CLAIM_SQL,
@@ -54,6 +53,7 @@ from onceq._ledger.pg.guard_session import (
     make_claim_fn,
     sendable,
 )
+from onceq._ledger.pg.pipeline import forget_prepared
 from onceq.errors import LedgerError, redact_text
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
@@ -311,7 +311,7 @@ class PgGuard:
         except BaseException:
             # A statement skipped after a failed one (short of locks: the session is
             # kept) may have been a preparation psycopg counts as done.
-            if not conn.closed and not schema.forget_prepared(conn):
+            if not conn.closed and not forget_prepared(conn):
                 await conn.close()
             raise
         refused = {r[0] for r in await cur.fetchall()}

@@ -33,6 +33,7 @@ import psycopg
 
 from onceq._ledger.pg import schema
 from onceq._ledger.pg.ahead import Ahead
+from onceq._ledger.pg.pipeline import pipeline
 from onceq.errors import LedgerError, LedgerUnavailable
 
 if TYPE_CHECKING:
@@ -73,26 +74,6 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[Any] | None
         or state in ("57P01", "57P02", "57P03")
         or (not state and conn is None)
     )
-
-
-@contextlib.contextmanager
-def pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """`conn.pipeline()`, and a connection psycopg could not take out of pipeline mode
-    closed: a session terminated half-way through a pipeline, before libpq noticed,
-    raised "cannot exit pipeline mode while busy" on a connection that was neither
-    closed nor broken, so it was not seen as lost and the group failed instead of
-    being written again. Closed, it is lost (`is_connection_error`): reconnected, and
-    a COMMIT that may have gone out is looked up, as for any other loss. A pipeline
-    that failed otherwise may have skipped a statement's preparation
-    (`schema.forget_prepared`)."""
-    try:
-        with conn.pipeline():
-            yield
-    except BaseException:
-        stuck = conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF
-        if stuck or not (conn.closed or schema.forget_prepared(conn)):
-            conn.close()
-        raise
 
 
 class _StillRunning(Exception):

@@ -220,27 +220,6 @@ def connect(
     return conn
 
 
-def forget_prepared(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """After a pipeline that failed: psycopg forgets the statements it prepared, and
-    deallocates the server's with its next statement. False when this psycopg cannot:
-    the caller then closes the connection (a new session prepares nothing; the writer
-    and the guard reconnect as after any loss).
-
-    psycopg prepares a text on its sixth run and counts it as prepared as soon as the
-    Parse is queued; in a pipeline it never checks that Parse's answer. A statement
-    that fails earlier in the pipeline makes the server skip the rest up to the Sync,
-    the Parse with them, and from then on every run of that text failed with
-    "prepared statement _pg3_N does not exist" (psycopg 3.3.9): a ledger whose
-    optimistic insert met a redelivered copy just as a lookup was being prepared could
-    write no group again. `_prepared.clear()` is what psycopg itself does after a
-    DISCARD ALL."""
-    clear = getattr(getattr(conn, "_prepared", None), "clear", None)
-    if not callable(clear):
-        return False
-    clear()
-    return True
-
-
 def _why(exc: BaseException) -> str:
     return redact_text(" ".join(str(exc).split())[:300]) or type(exc).__name__
 
