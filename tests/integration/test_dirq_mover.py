@@ -158,3 +158,44 @@ def test_close_leaves_its_empty_folder_to_a_recovery_that_removed_it_first(
     w.close()
     monkeypatch.undo()
     assert not w.dir.exists()
+
+
+@pytest.mark.parametrize("when", ["before-its-lock-is-opened", "before-its-lock-is-taken"])
+def test_recovery_takes_nothing_from_a_folder_removed_while_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The other side of the race above: a starting consumer's recovery lists
+    processing/, and the folder it looks at is removed before it reads it, by its
+    owner's close() (unlink .lock, rmdir, then free the lock) or by a second recovering
+    consumer. Seen in a README run of `dirq consume --workers 2`: the worker stopped
+    with FileNotFoundError: 'pgq/processing/w-…' (exit 1). A folder is only removed
+    empty, so the recovery takes nothing and goes on."""
+    import fcntl
+    import os
+
+    from onceq._sources.dirq import takeover
+
+    q = _queue(tmp_path, 0)
+    other = Worker(q).open()
+    gone = other.dir
+    real_open, real_flock = takeover.os.open, takeover.fcntl.flock
+
+    def open_after_the_owner_ended(path: Any, *args: Any, **kwargs: Any) -> int:
+        if Path(path) == gone / ".lock":
+            other.close()  # so the recovery finds no lock file, then no folder
+        return real_open(path, *args, **kwargs)
+
+    def flock_after_the_owner_ended(fd: int, op: int) -> None:
+        if op & fcntl.LOCK_NB and gone.exists():
+            other.close()  # it had the lock file open; the lock is free once it ends
+        real_flock(fd, op)
+
+    if when == "before-its-lock-is-opened":
+        monkeypatch.setattr(takeover.os, "open", open_after_the_owner_ended)
+    else:
+        monkeypatch.setattr(takeover.fcntl, "flock", flock_after_the_owner_ended)
+    with Worker(q) as w:
+        assert not gone.exists()
+        assert w.dir.exists()
+        assert os.listdir(q.folder("processing")) == [w.dir.name]
+    assert os.listdir(q.folder("processing")) == []

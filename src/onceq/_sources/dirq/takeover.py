@@ -61,9 +61,16 @@ def _take_over(root: Path, dead: Path, own: Path, claim: Claim) -> list[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return []  # its owner is alive
+        try:
+            names = sorted(os.listdir(dead))
+        except FileNotFoundError:
+            # Its owner removed it as it ended (between our scan and here), or another
+            # starting consumer took it over first: a folder is only ever removed
+            # empty, so there is nothing to take.
+            return []
         taken = [
             n
-            for n in sorted(os.listdir(dead))
+            for n in names
             if n != LOCK and not finish_move(root, dead / n, own) and claim(dead / n, n)
         ]
         with contextlib.suppress(OSError):
