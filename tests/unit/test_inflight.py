@@ -24,7 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from onceq._core.inflight import FileGuard, InflightGuard, guard_for, lock_offset
+from onceq._core.inflight import InflightGuard, guard_for
+from onceq._ledger.file_guard import FileGuard, lock_offset
 from onceq._ledger.pg.guard import PgGuard
 from onceq._ledger.target import open_ledger
 
@@ -88,7 +89,7 @@ def test_flows_do_not_share_leases(tmp_path: Path, pg_url: str) -> None:
 
 HOLDER = """
 import asyncio, sys
-from onceq._core.inflight import FileGuard
+from onceq._ledger.file_guard import FileGuard
 from onceq._ledger.pg.guard import PgGuard
 from pathlib import Path
 kind, where = sys.argv[1], sys.argv[2]

@@ -24,9 +24,10 @@ import pytest
 
 from onceq._core.consumer import Consumer, Outcome
 from onceq._core.entry import Entry
-from onceq._core.inflight import FileGuard, guard_for
+from onceq._core.inflight import guard_for
 from onceq._core.retry import RetryPolicy
 from onceq._core.transport import Delivery, Kind, Settle
+from onceq._ledger.file_guard import FileGuard
 from onceq._ledger.target import open_ledger
 from onceq._sources.memory import MemoryTransport
 from onceq.errors import LedgerUnavailable

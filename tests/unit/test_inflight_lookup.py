@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from onceq._core.inflight import Checked, FileGuard, Leases, guard_for
+from onceq._core.inflight import Checked, Leases, guard_for
+from onceq._ledger.file_guard import FileGuard
 from onceq._ledger.pg import guard as pg_guard
 from onceq._ledger.pg.guard import PgGuard
 from onceq._ledger.target import open_ledger

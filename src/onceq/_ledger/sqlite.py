@@ -26,8 +26,8 @@ from typing import Any
 
 from onceq._core.effect import SqlEffect
 from onceq._core.entry import Entry
-from onceq._core.inflight import FileGuard, file_guard
 from onceq._ledger.db import connect, connect_or_create, deny_attach
+from onceq._ledger.file_guard import FileGuard, file_guard
 from onceq._ledger.ops import LedgerOps, utcnow
 from onceq._ledger.rows import _encode_kept, build_row, encode_kept
 from onceq._ledger.sqlite_commit import SqliteCommit
