@@ -227,10 +227,12 @@ def test_a_stop_while_the_check_is_answered_starts_no_call(tmp_path: Path) -> No
     assert t.acked == [] and t.released == []
 
 
-def test_beside_a_file_guard_the_check_is_read_at_once_after_the_lease(tmp_path: Path) -> None:
-    """SQLite with its FileGuard: each copy's check is the ledger's own read, made while
-    the copy holds its lease (a row a twin elsewhere committed before is found), never
-    the tick's batch."""
+def test_beside_a_file_guard_the_check_is_the_ticks_read_made_under_the_lease(
+    tmp_path: Path,
+) -> None:
+    """SQLite with its FileGuard: each copy's check is the ledger's read of its tick
+    (`aprocessed_ref`: one read for the copies started in one tick), made while every
+    one of them holds its lease (a row a twin elsewhere committed before is found)."""
     partner = Partner(0.0)
     t = MemoryTransport()
     fill(t, 3)
@@ -239,22 +241,30 @@ def test_beside_a_file_guard_the_check_is_read_at_once_after_the_lease(tmp_path:
         d = Delivery(body=b"{}", ref="theirs", msg_id="m001", stable_ref=True)
         elsewhere.commit([Entry(d, Kind.SUCCESS, Settle.ACK, fields={"kind": "ok"})])
         checked: list[tuple[str, bool]] = []
-        real = led.processed_ref
+        reads: list[list[str]] = []
+        one, many = led.processed_ref, led.processed_refs
         c = Consumer(t, led, decode, partner)
 
-        def processed_ref(msg_id: str) -> str | None:
+        def held(ids: list[str]) -> None:
             guard = c.leases.guard
             assert isinstance(guard, FileGuard)
-            checked.append((msg_id, msg_id in guard._mine))  # its lease held then
-            return real(msg_id)
+            reads.append(ids)
+            checked.extend((m, m in guard._mine) for m in ids)  # its lease held then
 
-        async def batched(msg_id: str) -> str | None:
-            raise AssertionError("the tick's batch is not used beside a FileGuard")
+        def processed_ref(msg_id: str) -> str | None:
+            held([msg_id])
+            return one(msg_id)
+
+        def processed_refs(msg_ids: Any) -> dict[str, str]:
+            ids = list(msg_ids)
+            held(ids)
+            return many(ids)
 
         led.processed_ref = processed_ref  # type: ignore[method-assign]
-        led.aprocessed_ref = batched  # type: ignore[method-assign]
+        led.processed_refs = processed_refs  # type: ignore[method-assign]
         stats = asyncio.run(c.run())
     assert sorted(checked) == [("m000", True), ("m001", True), ("m002", True)]
+    assert reads == [["m000", "m001", "m002"]]  # one tick, one read
     assert stats.processed == 2 and stats.duplicates == 1
     assert partner.calls == Counter({"m000": 1, "m002": 1})
 

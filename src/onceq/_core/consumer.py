@@ -288,18 +288,15 @@ class Consumer:
         assert d.msg_id is not None
         if self.guard is not None and self.guard.stopped:
             return Outcome(HELD, GUARD_HELD)  # no call after the guard's stop
-        # PostgreSQL answers one tick's checks together (one round trip); SQLite beside
-        # a FileGuard at once (`Leases.check_now`).
+        # Without the guard's answer, the ledger's read: one per tick of the loop for
+        # every copy that asks in it (`aprocessed_ref`; PostgreSQL: one round trip).
         # The answer as a plain value: a frozen `Checked` per message cost ~1.5k
         # instructions for nothing.
         ref = checked.ref if checked is not None else _UNCHECKED
         while ref is _UNCHECKED:
             try:
                 # After the lease either way: a twin that committed meanwhile is found.
-                if self.leases.check_now:  # an in-process ledger: see Leases
-                    ref = self.ledger.processed_ref(d.msg_id)
-                else:
-                    ref = await self.ledger.aprocessed_ref(d.msg_id)
+                ref = await self.ledger.aprocessed_ref(d.msg_id)
             except LedgerUnavailable as exc:
                 # Nothing can be checked, so nothing is called: held untried, and the
                 # transport paused until the ledger answers (onceq._core.holds).

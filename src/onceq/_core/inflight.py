@@ -201,12 +201,6 @@ class Leases:
         # True. False: `claim` decides (it may wait). Such a guard does no duplicate
         # check (None for `checked`).
         self.claim_now: Callable[[str], bool] = try_claim or _never
-        # A guard that claims without a wait (FileGuard) stands beside a ledger in this
-        # process (SQLite's), whose read answers on the loop's thread in microseconds:
-        # the loop then reads the duplicate check at once (`processed_ref`) rather
-        # than through the ledger's per-tick batch (a coroutine, a future and a task
-        # wake-up per message): bench/mq_profile.py own, 1,017k -> 983k instr/msg.
-        self.check_now = try_claim is not None
         # Release without a coroutine when the guard can (True), else leave it to
         # `release` (False). No guard: nothing to give back (True).
         self.release_now: Callable[[str], bool] = release_now or (
