@@ -151,6 +151,14 @@ def run_examples(
     """
     todo, _ = examples(doc)
     env = _env(amqp_url, database_url, nats_url)
+    # A temporary folder of the doc's own, beside cwd: a doc line that runs pytest
+    # (docs/api.md) otherwise shares /tmp/pytest-of-USER with the suite around it, and
+    # at its end removes that suite's older numbered folders, hundreds of MB of queues
+    # and ledgers: seen in CI as the line not ending within 120 s, its faulthandler
+    # stack in pytest's cleanup_numbered_dir.
+    scratch = cwd.parent / f"{cwd.name}-tmpdir"
+    scratch.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(scratch)
     ports = {doc_port: free_port() for doc_port in DOC_PORTS}
     background: list[subprocess.Popen] = []
     ran: list[tuple[Example, str]] = []
