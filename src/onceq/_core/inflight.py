@@ -14,11 +14,11 @@ never chooses a database's guard:
   msg_id) on a connection of its own. The holder's death closes its session and the
   server drops its locks, so a kill -9 never leaves a lease that blocks a message for
   ever.
-- SQLite (`onceq._ledger.file_guard.FileGuard`): every consumer of an SQLite ledger is on one host
-  (`dirq consume --workers N`, two `mq consume` on one file), so a byte-range lock per
-  msg_id on the file `<ledger>-inflight` does it; the kernel drops a process's locks
-  when it dies, kill -9 included. It costs two system calls per message (measured:
-  see `FileGuard`), so it is always on.
+- SQLite (`onceq._ledger.file_guard.FileGuard`): every consumer of an SQLite ledger
+  is on one host (`dirq consume --workers N`, two `mq consume` on one file), so a
+  byte-range lock per msg_id on the file `<ledger>-inflight` does it; the kernel
+  drops a process's locks when it dies, kill -9 included. It costs two system calls
+  per message (measured: see `FileGuard`), so it is always on.
 
 Order in the loop (`Consumer._handle`): in-process turn → `claim` (waits while
 another process holds the msg_id) → the duplicate check → the call → commit → settle

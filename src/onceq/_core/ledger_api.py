@@ -31,11 +31,10 @@ class LedgerApi(Protocol):
     def path(self) -> Path | str:
         """Where it lives, as messages name it (a URL's password masked)."""
 
-    def processed_ref(self, msg_id: str) -> str | None:
-        """The ref that took effect for msg_id, '' when it has none, None when unseen."""
-
     async def aprocessed_ref(self, msg_id: str) -> str | None:
-        """`processed_ref` for the event loop (PostgreSQL: one round trip per tick)."""
+        """The ref that took effect for msg_id, '' when it has none, None when unseen:
+        the duplicate check, asked on the event loop (the ids of one tick read together:
+        one read on SQLite, one round trip on PostgreSQL)."""
 
     def failed_attempts(self, msg_id: str) -> int:
         """The failures recorded for msg_id since its last replay."""

@@ -176,9 +176,9 @@ class Ledger(SqliteCommit, LedgerOps):
         no commit since). One read per tick pays that once for every delivery the tick
         started (3 to 4 at prefetch 50 on a fast partner), as PostgreSQL's round trip
         is paid once (onceq._ledger.pg.precheck). Read at once per message instead
-        (`processed_ref`), the loop ran ~3% fewer instructions but used ~10% more CPU
-        (BENCHMARKS.md): each of its system calls gives up the GIL, and the commit's
-        thread takes it in between. On the loop, not in a thread: the read answers in
+        (`processed_ref`), the loop ran ~4% fewer instructions but used ~9% more CPU
+        (BENCHMARKS.md): each read is a sqlite3 step that gives up the GIL, and the
+        commit's thread takes it in between. On the loop, not in a thread: the read answers in
         microseconds, a thread hand-off costs more. The answer is never kept past its
         tick: a twin elsewhere may commit the id at any moment.
         """
