@@ -311,7 +311,7 @@ def test_a_server_out_of_lock_space_lets_claims_through_and_keeps_the_leases(
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
-            "CREATE FUNCTION full_lock_table(ids text[], flow text) RETURNS SETOF text"
+            "CREATE FUNCTION full_lock_table(ids text, flow text) RETURNS SETOF text"
             " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'out of shared memory'"
             " USING ERRCODE = '53200'; END $$"
         )

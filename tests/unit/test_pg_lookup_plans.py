@@ -62,7 +62,7 @@ def test_the_lookup_probes_each_id(pg_url: str) -> None:
     """The ledger's `processed_refs` and the guard's pipelined batch send this text."""
     assert pg_ledger.LOOKUP_SQL is guard_session.LOOKUP_SQL
     with fresh_ledger(pg_url) as conn:
-        plan = generic_plan(conn, guard_session.LOOKUP_SQL, "text, text[]", "'f', ARRAY['a', 'b']")
+        plan = generic_plan(conn, guard_session.LOOKUP_SQL, "text, text", """'f', '["a","b"]'""")
     assert PROBE.search(plan), plan
     assert not WHOLE_FLOW.search(plan), plan
 
@@ -77,7 +77,7 @@ def test_the_guards_function_probes_each_id(pg_url: str) -> None:
         conn.execute("SET auto_explain.log_nested_statements = on")
         conn.execute("SET client_min_messages = log")
         rows = conn.execute(
-            guard_session.CLAIM_FN_CALL.replace("%b", "%s"), (FLOW, [], ["a", "b"])
+            guard_session.CLAIM_FN_CALL.replace("%b", "%s"), (FLOW, "[]", '["a","b"]')
         ).fetchall()
     assert rows == []  # both locks granted, neither id recorded
     lookups = [n for n in notices if "onceq.messages" in n]

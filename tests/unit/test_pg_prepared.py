@@ -68,7 +68,7 @@ def test_the_guards_lookup_first_prepared_in_a_failed_batch_still_runs(
         pass
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
-            "CREATE FUNCTION full_lock_table(ids text[], flow text) RETURNS SETOF text"
+            "CREATE FUNCTION full_lock_table(ids text, flow text) RETURNS SETOF text"
             " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'out of shared memory'"
             " USING ERRCODE = '53200'; END $$"
         )

@@ -98,18 +98,19 @@ def _insert_many(rows: int) -> str:
 
 
 # On PostgreSQL one statement per group whatever its size (the messages insert's form,
-# `onceq._ledger.pg.rows`): six arrays bound in binary, one prepared text.
+# `onceq._ledger.pg.rows`): the rows as one JSON text (`onceq._ledger.pg.sql.batch`),
+# one prepared text. The amount goes as its repr, a string: JSON has no NaN or
+# infinity, PostgreSQL's float8 reads them, and a repr reads back as the same double.
 _INSERT_PG = (
     "INSERT INTO processed (processed_at, source, msg_id, order_no, seq, amount, ref)"
-    " SELECT %b::text, %b::text, m, o, s, a, r"
-    " FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::float8[], %b::text[])"
-    " AS u(m, o, s, a, r)"
+    " SELECT %b::text, %b::text, r->>0, r->>1, (r->>2)::bigint, (r->>3)::float8, r->>4"
+    " FROM jsonb_array_elements(%b::text::jsonb) AS r"
 )
 
 
-def _number(amount: Any) -> float:
+def _number(amount: Any) -> str:
     try:
-        return float(amount)
+        return repr(float(amount))
     except (TypeError, ValueError, OverflowError):
         import psycopg
 
@@ -120,23 +121,15 @@ def _number(amount: Any) -> float:
 def _write_rows_pg(tx: PgTx, entries: list[Entry]) -> None:
     if not entries:
         return
-    m: list[Any] = []
-    o: list[Any] = []
-    s: list[Any] = []
-    a: list[Any] = []
-    r: list[Any] = []
+    rows: list[tuple[Any, ...]] = []
     for e in entries:
         row = e.row
-        m.append(row[1])
-        o.append(row[2])
-        s.append(row[3])
         amount = (e.fields.get("kept") or {}).get("amount")
-        # float8[]: SQLite's REAL column takes what it is given; here a non-number
+        # float8: SQLite's REAL column takes what it is given; here a non-number
         # amount refuses its message (ledger-refused), as a bad value does.
-        a.append(None if amount is None else _number(amount))
-        r.append(row[8])
+        rows.append((row[1], row[2], row[3], None if amount is None else _number(amount), row[8]))
     first = entries[0].row
-    tx.conn.cursor().execute(_INSERT_PG, (first[6], first[7], m, o, s, a, r))
+    tx.conn.cursor().execute(_INSERT_PG, (first[6], first[7], tx.batch(rows)))
 
 
 PROCESSED_TABLE = SqlEffect(

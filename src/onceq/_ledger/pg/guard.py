@@ -54,6 +54,7 @@ from onceq._ledger.pg.guard_session import (
     sendable,
 )
 from onceq._ledger.pg.pipeline import forget_prepared
+from onceq._ledger.pg.sql import batch
 from onceq.errors import LedgerError, redact_text
 
 log = logging.getLogger("onceq.pg.guard")  # the name in every log line: kept across moves
@@ -284,12 +285,12 @@ class PgGuard:
         their releases, measured: client 178-200 against 204-223 µs, server 125-155
         against 60-75 µs)."""
         if not claims:
-            await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
+            await conn.execute(UNLOCK_SQL, (self.flow, batch(releases)), binary=True)
             return None, None
         self.batches += 1
         ids = [m for m, _ in claims]
         if self._fn:
-            cur = await conn.execute(CLAIM_FN_CALL, (self.flow, releases, ids))
+            cur = await conn.execute(CLAIM_FN_CALL, (self.flow, batch(releases), batch(ids)))
             refused: set[str] = set()
             found: dict[str, str] = {}
             for id_, ref in await cur.fetchall():
@@ -303,11 +304,11 @@ class PgGuard:
             async with conn.pipeline():
                 if releases:
                     # First: a lock freed here may be what a claim below wants.
-                    await conn.execute(UNLOCK_SQL, (self.flow, releases), binary=True)
-                cur = await conn.execute(CLAIM_SQL, (ids, self.flow), binary=True)
+                    await conn.execute(UNLOCK_SQL, (self.flow, batch(releases)), binary=True)
+                cur = await conn.execute(CLAIM_SQL, (batch(ids), self.flow), binary=True)
                 if self.lookup:  # after the claim, never inside it: see LOOKUP_SQL
                     look = conn.cursor()
-                    await look.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
+                    await look.execute(LOOKUP_SQL, (self.flow, batch(ids)), binary=True)
         except BaseException:
             # A statement skipped after a failed one (short of locks: the session is
             # kept) may have been a preparation psycopg counts as done.

@@ -40,11 +40,12 @@ def guard_conninfo(url: str) -> str:
     return make_conninfo(url, **extra)
 
 
-# One statement per batch whatever its size (a prepared text for every batch size).
+# One statement per batch whatever its size (a prepared text for every batch size): the
+# ids as one JSON text (`onceq._ledger.pg.sql.batch` says why not an array).
 # It answers with the ids it could NOT lock, usually none: parsing a row per granted
 # id cost more client CPU than the lock itself.
 CLAIM_SQL = (
-    "SELECT k FROM unnest(%s::text[]) AS k"
+    "SELECT k FROM jsonb_array_elements_text(%s::text::jsonb) AS k"
     " WHERE NOT pg_try_advisory_lock(hashtextextended(%s || '/' || k, 0))"
 )
 # The duplicate check: of a claim batch, and `PgLedger.processed_refs`'s (one text for
@@ -70,12 +71,13 @@ CLAIM_SQL = (
 #   in `PgLedger.processed_refs`: 47 ms for 256 ids at 10k rows; this is 0.3 ms).
 LOOKUP_SQL = (
     "SELECT id, found FROM (SELECT u.id, (SELECT coalesce(m.ref, '') FROM onceq.messages AS m"
-    " WHERE m.flow = %s AND m.msg_id = u.id) AS found FROM unnest(%s::text[]) AS u(id)) AS x"
+    " WHERE m.flow = %s AND m.msg_id = u.id) AS found"
+    " FROM jsonb_array_elements_text(%s::text::jsonb) AS u(id)) AS x"
     " WHERE found IS NOT NULL"
 )
 UNLOCK_SQL = (  # one row back whatever the batch's size
     "SELECT count(pg_advisory_unlock(hashtextextended(%s || '/' || k, 0)))"
-    " FROM unnest(%s::text[]) AS k"
+    " FROM jsonb_array_elements_text(%s::text::jsonb) AS k"
 )
 
 # The batch in ONE statement (releases, claims, then the lookup), a function of the
@@ -92,18 +94,21 @@ UNLOCK_SQL = (  # one row back whatever the batch's size
 # refused with a NULL ref (its refs, if any, are dropped: it is claimed and read
 # again), an id found with its ref.
 CLAIM_FN = """
-CREATE OR REPLACE FUNCTION pg_temp.onceq_claim(f text, rel text[], ids text[])
+CREATE OR REPLACE FUNCTION pg_temp.onceq_claim(f text, rel jsonb, ids jsonb)
 RETURNS TABLE (id text, ref text) LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-  PERFORM pg_advisory_unlock(hashtextextended(f || '/' || k, 0)) FROM unnest(rel) AS k;
-  RETURN QUERY SELECT k, NULL::text FROM unnest(ids) AS k
+  PERFORM pg_advisory_unlock(hashtextextended(f || '/' || k, 0))
+    FROM jsonb_array_elements_text(rel) AS k;
+  RETURN QUERY SELECT k, NULL::text FROM jsonb_array_elements_text(ids) AS k
     WHERE NOT pg_try_advisory_lock(hashtextextended(f || '/' || k, 0));
   RETURN QUERY SELECT x.k, x.hit FROM (SELECT u.k, (SELECT coalesce(m.ref, '')
     FROM onceq.messages AS m WHERE m.flow = f AND m.msg_id = u.k) AS hit
-    FROM unnest(ids) AS u(k)) AS x WHERE x.hit IS NOT NULL;
+    FROM jsonb_array_elements_text(ids) AS u(k)) AS x WHERE x.hit IS NOT NULL;
 END
 $fn$"""
-CLAIM_FN_CALL = "SELECT id, ref FROM pg_temp.onceq_claim(%b::text, %b::text[], %b::text[])"
+CLAIM_FN_CALL = (
+    "SELECT id, ref FROM pg_temp.onceq_claim(%b::text, %b::text::jsonb, %b::text::jsonb)"
+)
 
 
 async def make_claim_fn(conn: psycopg.AsyncConnection[Any]) -> bool:

@@ -33,7 +33,7 @@ from onceq._ledger.pg.guard import PgGuard
 from onceq._ledger.pg.guard_session import LOOKUP_SQL
 from onceq._ledger.pg.precheck import Precheck
 from onceq._ledger.pg.reconnect import Reconnector, is_connection_error
-from onceq._ledger.pg.sql import PgTx, translate
+from onceq._ledger.pg.sql import PgTx, batch, translate
 from onceq._ledger.retention import TABLE_NAMES
 from onceq._ledger.sqlite import DEFAULT_FLOW, check_flow_name
 from onceq.errors import LedgerError, LedgerUnavailable
@@ -156,7 +156,7 @@ class PgLedger(PgCommit, LedgerOps):
             cur = conn.cursor()
             # The guard's lookup, the same text: one primary-key probe per id
             # (guard_session.LOOKUP_SQL says why never a join).
-            cur.execute(LOOKUP_SQL, (self.flow, ids), binary=True)
+            cur.execute(LOOKUP_SQL, (self.flow, batch(ids)), binary=True)
             return dict(cur.fetchall())
 
         return self._read_op(run)

@@ -11,6 +11,7 @@ psycopg prepares it server-side after a few runs.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,24 @@ def translate(sql: str) -> str:
     return _TOKEN.sub(sub, sql)
 
 
+# A batch's values (a group's rows, a claim batch's ids) go to the server as ONE
+# parameter, a JSON text the statement takes apart (`jsonb_array_elements`), not as
+# arrays: psycopg dumps a Python list in Python, element by element (a type found for
+# it, a dumper per element), ~35,000 instructions for a 2-element array against ~2,000
+# for json's C encoder; a group commit of 2 messages with its 11 arrays cost the
+# client 897k instructions, with JSON 504k (callgrind; the server's CPU per row: 2.7 µs
+# for arrays, 3.6 µs for jsonb, 6.3 µs for json). Written as it is (no ASCII escapes):
+# a text psycopg cannot encode (a lone surrogate) fails as the same value in an array
+# did; NaN is refused (no JSON has it: a float goes as its repr, a string).
+_BATCH = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def batch(values: Sequence[Any]) -> str:
+    """`values` (str, int, None, or lists of them) as one JSON text parameter, for a
+    statement's `jsonb_array_elements(%b::text::jsonb)` or `…_elements_text(…)`."""
+    return _BATCH.encode(values)
+
+
 class PgTx:
     """A connection as the shared queries see it: `.execute(sql, args)` with `?` SQL,
     returning a cursor (fetchone, fetchall, rowcount, description).
@@ -52,6 +71,9 @@ class PgTx:
     """
 
     __slots__ = ("conn",)
+
+    # A bulk statement's rows as one parameter (`batch`): the presets' SQL effect.
+    batch = staticmethod(batch)
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
