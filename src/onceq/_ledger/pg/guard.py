@@ -12,7 +12,7 @@ Why advisory locks and not a lease row:
 - it writes nothing: no WAL, no bloat, no vacuum, no row to clean up after a crash.
 
 Round trips are the cost, so claims made in one event-loop tick go out as ONE query
-(`unnest` of an array of ids), and so do releases; a release waits for the next claim
+(the ids as one JSON text, `sql.batch`), and so do releases; a release waits for the next claim
 batch to ride with (RELEASE_WAIT_S at most) instead of costing a round trip of its
 own. With `lookup` (what `PgLedger.inflight_guard` builds) the same round trip also
 does the loop's duplicate check: after the claim, a second statement reads the
